@@ -1,0 +1,84 @@
+"""Entry point: parse flags, build the chat UI on shared vLLM engines, and serve it.
+
+    python app.py                     # the embedded CPU default on http://127.0.0.1:7860
+    python app.py --help              # every flag, with its environment variable
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+from chat import settings
+from chat.presets import PresetCatalog, load_presets
+
+log = logging.getLogger("chat")
+
+
+def print_presets(catalog: PresetCatalog) -> None:
+    for name, preset in catalog.presets.items():
+        stem = preset.path.stem if preset.path else ""
+        print(f"{name}  [{stem}]  {preset.hardware.device}  {preset.model}\n    {preset.description}")
+    for problem in catalog.problems.values():
+        print(f"UNAVAILABLE  {problem}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = settings.parse(argv)
+    catalog = load_presets(args.presets_dir)
+    if args.list_presets:
+        print_presets(catalog)
+        return 0
+    if args.check_presets:
+        for problem in catalog.problems.values():
+            print(problem)
+        print(f"{len(catalog.presets)} valid, {len(catalog.problems)} invalid preset file(s).")
+        return 1 if catalog.problems else 0
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for problem in catalog.problems.values():
+        log.warning("Preset unavailable: %s", problem)
+    try:
+        default = catalog.get(args.preset)
+    except Exception as exc:
+        print(getattr(exc, "message", str(exc)), file=sys.stderr)
+        return 2
+
+    # Heavy imports (vLLM, Gradio) only once we know we will serve.
+    from chat.engine import EngineRegistry, on_cpu
+    from chat.service import ChatService
+    from chat.ui import build_ui
+    from chat.web import routes
+
+    budget = args.memory_budget_gb
+    if on_cpu():
+        import psutil
+
+        budget = (budget * 1e9) if budget else psutil.virtual_memory().total / 2
+    else:
+        budget = budget or 1.0
+    registry = EngineRegistry(memory_budget=budget)
+    service = ChatService(catalog, registry, default.name)
+    demo = build_ui(service, concurrency_limit=args.concurrency_limit or None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: object) -> AsyncIterator[None]:
+        registry.start(default)  # in the background; the page is usable while it loads
+        yield
+        await registry.close_all()
+
+    demo.queue(default_concurrency_limit=None)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        show_error=False,
+        app_kwargs={"lifespan": lifespan, "routes": routes(service)},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Engine ownership: one vLLM `AsyncLLM` per distinct (model, engine arguments), shared by all users.
+
+An `Engine` goes STARTING -> READY, or -> FAILED (with a message for people), and -> CLOSED when
+unloaded. The `EngineRegistry` starts each engine at most once however many sessions ask at the
+same moment, keeps the loaded ones within a memory budget by unloading the least recently used
+idle engine, and never unloads an engine under streams in flight unless asked to.
+
+The engine is built in a worker thread (construction blocks while the model loads) and its
+coroutines are only ever awaited from the server's event loop, which it binds to on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chat.errors import ChatError, EngineBusy, EngineError, EngineFailed
+from chat.models import resolve_model, weights_bytes
+from chat.presets import Preset
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAYS_S = (5.0, 15.0, 60.0, 300.0)  # after a failed start, back off before trying again
+
+
+class EngineState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+@dataclass
+class EngineLoad:
+    """The scheduler's view after its latest step (written by vLLM's stats hook)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0  # 0..1
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
+    """A vLLM per-engine stat-logger factory that copies scheduler stats into `load`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class LoadRecorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is None:
+                return
+            load.running = scheduler_stats.num_running_reqs
+            load.waiting = scheduler_stats.num_waiting_reqs
+            load.kv_cache_usage = scheduler_stats.kv_cache_usage
+            prefix = scheduler_stats.prefix_cache_stats
+            if prefix is not None:
+                load.prefix_cache_hits += prefix.hits
+                load.prefix_cache_queries += prefix.queries
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return LoadRecorder
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+@dataclass
+class Engine:
+    """One AsyncLLM and what the app knows about it."""
+
+    preset: Preset  # the first preset that asked for this configuration
+    state: EngineState = EngineState.STARTING
+    phase: str = "waiting to start"
+    error: str | None = None
+    llm: AsyncLLM | None = None
+    model_dir: Path | None = None
+    max_model_len: int = 0
+    memory_need: float = 0.0  # in the budget's unit: bytes on CPU, a share of GPU memory on GPU
+    load: EngineLoad = field(default_factory=EngineLoad)
+    streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it
+    started_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    failures: int = 0
+    retry_at: float = 0.0
+    _task: asyncio.Task | None = None
+
+    @property
+    def key(self) -> str:
+        return self.preset.engine_key
+
+    @property
+    def start_seconds(self) -> float | None:
+        return None if self.ready_at is None else self.ready_at - self.started_at
+
+    def status(self) -> str:
+        """One line for people: what this engine is doing."""
+        if self.state is EngineState.STARTING:
+            return f"Starting the engine for {self.preset.name}: {self.phase}… {time.monotonic() - self.started_at:.0f} s"
+        if self.state is EngineState.FAILED:
+            return self.error or "The engine failed to start."
+        if self.state is EngineState.CLOSED:
+            return "This engine was unloaded."
+        busy = f"{self.load.running} being written" + (f", {self.load.waiting} waiting" if self.load.waiting else "")
+        return f"Ready · {busy} · KV cache {self.load.kv_cache_usage:.0%} used"
+
+    async def wait_ready(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        if self.state is not EngineState.READY:
+            raise EngineError(self.error or f"The engine for {self.preset.name} is not running; try again.")
+
+    def num_unfinished(self) -> int:
+        """Requests the engine's front end still tracks (0 when nothing leaked)."""
+        return 0 if self.llm is None else self.llm.output_processor.get_num_unfinished_requests()
+
+    async def abort_streams(self, reason: str) -> None:
+        """End every stream in flight with `reason` shown to its reader, then abort them."""
+        for end in list(self.streams.values()):
+            end(reason)
+        if self.llm is not None and self.streams:
+            await self.llm.abort(list(self.streams))
+
+    def _build(self, make_room: Callable[[Engine], None]) -> None:
+        """Blocking: find the model, make room for it, start vLLM. Runs in a worker thread."""
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.phase = "finding the model"
+        folder = resolve_model(self.preset, report=self._report)
+        self.model_dir = folder
+        engine_args = dict(self.preset.engine)
+        engine_args.setdefault("served_model_name", self.preset.model if self.preset.model_kind == "hub" else folder.name)
+        args = AsyncEngineArgs(model=str(folder), **engine_args)
+        if on_cpu():
+            kv_bytes = engine_args.get("kv_cache_memory_bytes") or 4 << 30
+            self.memory_need = kv_bytes + weights_bytes(folder, engine_args.get("dtype"))
+        else:
+            self.memory_need = float(args.gpu_memory_utilization)
+        make_room(self)
+        self.phase = "loading the model into vLLM"
+        log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_load_recorder(self.load)])
+        self.max_model_len = self.llm.model_config.max_model_len
+
+    def _report(self, line: str) -> None:
+        self.phase = line[0].lower() + line[1:] if line else line
+        log.info("%s: %s", self.preset.name, line)
+
+    def shutdown(self) -> None:
+        """Blocking: free the engine's memory. Abort streams first or they hang forever."""
+        llm, self.llm = self.llm, None
+        self.state = EngineState.CLOSED
+        if llm is not None:
+            llm.shutdown()
+
+
+class EngineRegistry:
+    """The engines of this process, keyed by configuration, within one memory budget."""
+
+    def __init__(self, memory_budget: float | None = None) -> None:
+        self._engines: dict[str, Engine] = {}
+        self.memory_budget = memory_budget  # None: no limit
+
+    def __iter__(self):
+        return iter(list(self._engines.values()))
+
+    def peek(self, preset: Preset) -> Engine | None:
+        return self._engines.get(preset.engine_key)
+
+    def start(self, preset: Preset) -> Engine:
+        """Begin loading the preset's engine if it is not loaded or loading; never blocks."""
+        engine = self._engines.get(preset.engine_key)
+        now = time.monotonic()
+        if engine is not None and engine.state is EngineState.FAILED and now >= engine.retry_at:
+            engine = None  # back-off over: try again
+        if engine is not None and engine.state is not EngineState.CLOSED:
+            return engine
+        failures = 0 if engine is None else engine.failures
+        engine = Engine(preset=preset, failures=failures)
+        self._engines[preset.engine_key] = engine
+        engine._task = asyncio.get_running_loop().create_task(self._run_start(engine), name=f"start {preset.name}")
+        return engine
+
+    async def get(self, preset: Preset) -> Engine:
+        """The preset's engine, ready; starts it (once) if needed."""
+        engine = self.start(preset)
+        await engine.wait_ready()
+        engine.last_used = time.monotonic()
+        return engine
+
+    async def _run_start(self, engine: Engine) -> None:
+        loop = asyncio.get_running_loop()
+        make_room = functools.partial(self._make_room_threadsafe, loop)
+        try:
+            await asyncio.to_thread(engine._build, make_room)
+        except ChatError as exc:
+            self._mark_failed(engine, exc.message)
+        except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log
+            log.exception("The engine for preset %r failed to start", engine.preset.name)
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line[:300]}).")
+        else:
+            engine.state = EngineState.READY
+            engine.ready_at = time.monotonic()
+            engine.failures = 0
+            log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
+
+    def _mark_failed(self, engine: Engine, message: str) -> None:
+        engine.state = EngineState.FAILED
+        engine.failures += 1
+        delay = RETRY_DELAYS_S[min(engine.failures, len(RETRY_DELAYS_S)) - 1]
+        engine.retry_at = time.monotonic() + delay
+        engine.error = message
+        log.warning("%s (retrying on the next request after %.0f s)", message, delay)
+
+    def _make_room_threadsafe(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+        asyncio.run_coroutine_threadsafe(self.make_room(engine), loop).result()
+
+    async def make_room(self, incoming: Engine) -> None:
+        """Unload least recently used idle engines until `incoming` fits the budget."""
+        if self.memory_budget is None:
+            return
+
+        def held() -> float:
+            return sum(
+                e.memory_need
+                for e in self._engines.values()
+                if e is not incoming and e.state in (EngineState.READY, EngineState.STARTING)
+            )
+
+        while held() + incoming.memory_need > self.memory_budget:
+            idle = [
+                e
+                for e in self._engines.values()
+                if e is not incoming and e.state is EngineState.READY and not e.streams
+            ]
+            if not idle:
+                raise EngineBusy(
+                    f"{incoming.preset.name} cannot be loaded while the other loaded models are in use; "
+                    "try again in a minute or pick a preset that is already loaded."
+                )
+            victim = min(idle, key=lambda e: e.last_used)
+            log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
+            await self.unload(victim)
+
+    async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
+        """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
+        await engine.abort_streams(reason)
+        await asyncio.to_thread(engine.shutdown)
+        if self._engines.get(engine.key) is engine:
+            del self._engines[engine.key]
+
+    async def close_all(self) -> None:
+        for engine in list(self._engines.values()):
+            if engine._task is not None and not engine._task.done():
+                continue  # still in its worker thread; the process exit ends its child processes
+            await self.unload(engine, "The demo is shutting down.")
+
+    def loaded(self) -> list[Engine]:
+        return [e for e in self._engines.values() if e.state is EngineState.READY]
+
+
+def engine_failed(engine: Engine, exc: BaseException) -> EngineFailed:
+    """Mark an engine whose process died and say so plainly; the next request restarts it."""
+    engine.state = EngineState.FAILED
+    engine.error = "The model's engine stopped working and is being restarted; please try again in a minute."
+    engine.retry_at = 0.0
+    log.error("Engine for %r died: %s", engine.preset.name, exc)
+    return EngineFailed(engine.error)

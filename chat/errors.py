@@ -1,0 +1,55 @@
+"""Errors a person can cause or meet, each with one plain sentence that says what to do.
+
+    ChatError                    .message is shown to the user exactly as written
+    ├── InputError               the message or conversation cannot be sent as it is
+    ├── SettingsError            a sampling value is out of range or of the wrong type
+    ├── PresetError              a preset file is invalid (names the file, the key, the fix)
+    ├── ModelUnavailable         the model cannot be found, downloaded or converted
+    └── EngineError              the engine cannot take or finish this request
+        ├── EngineBusy           too many requests are waiting
+        └── EngineFailed         the engine stopped working (it is restarted)
+
+Third-party errors (vLLM's, huggingface_hub's, YAML's) are translated into these at the module
+that calls them; anything else is a bug: it is logged with its traceback and the user sees
+UNEXPECTED_ERROR.
+"""
+
+from __future__ import annotations
+
+UNEXPECTED_ERROR = "Something went wrong on the server while writing this reply; please try again."
+
+
+class ChatError(Exception):
+    """Base class; the message is for the person using the demo."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InputError(ChatError):
+    pass
+
+
+class SettingsError(ChatError):
+    pass
+
+
+class PresetError(ChatError):
+    pass
+
+
+class ModelUnavailable(ChatError):
+    pass
+
+
+class EngineError(ChatError):
+    pass
+
+
+class EngineBusy(EngineError):
+    pass
+
+
+class EngineFailed(EngineError):
+    pass

@@ -1,0 +1,61 @@
+"""Turn the chat as Gradio holds it into the messages the model reads.
+
+Gradio 6 gives each message as a dict whose `content` is a string or a list of parts
+(`{"type": "text", "text": ...}`, files, components). Messages with a `metadata` title are the
+app's own annotations (stats, progress, errors) and are never sent to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Message = dict[str, str]
+
+
+def is_annotation(message: Mapping[str, Any]) -> bool:
+    """True for the stats, progress and error lines the app adds beneath replies."""
+    metadata = message.get("metadata") or {}
+    return bool(metadata.get("title"))
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content, whichever shape Gradio gave it."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Mapping):
+        if content.get("type") == "text":
+            return str(content.get("text", ""))
+        return ""  # files and components carry no text for the model
+    if isinstance(content, Iterable):
+        return "".join(text_of(part) for part in content)
+    return ""
+
+
+def to_model_messages(
+    history: Iterable[Mapping[str, Any]], message: str, system_prompt: str = ""
+) -> list[Message]:
+    """The conversation for the chat template: system, then alternating user/assistant turns.
+
+    Consecutive messages of one role are joined (Gradio groups a reply and its annotations into
+    one bubble as separate messages; many chat templates require strict alternation).
+    """
+    messages: list[Message] = []
+    if system_prompt.strip():
+        messages.append({"role": "system", "content": system_prompt.strip()})
+    turns = [item for item in history if not is_annotation(item)]
+    turns.append({"role": "user", "content": message})
+    for item in turns:
+        role = item.get("role")
+        if role not in ("user", "assistant"):
+            continue
+        text = text_of(item.get("content"))
+        if not text.strip():
+            continue
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n\n" + text
+        else:
+            messages.append({"role": role, "content": text})
+    return messages

@@ -1,0 +1,328 @@
+"""Presets: one YAML file per model configuration, validated into typed `Preset` objects.
+
+A preset names a model, vLLM engine arguments (checked against vLLM's own `AsyncEngineArgs`),
+sampling defaults and ranges, a system prompt and its hardware needs. Every problem is reported
+with the file, the line where known, the key and a fix; one bad file never hides the good ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from chat.errors import PresetError, SettingsError
+from chat.sampling import KNOB_NAMES, SamplingRules
+
+EMBEDDED = "embedded"
+DEFAULT_PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+# Keys a preset sets elsewhere, so they may not appear under `engine:`.
+_RESERVED_ENGINE_KEYS = {"model": "model"}
+_HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class KnobSetting(_Strict):
+    default: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class Hardware(_Strict):
+    device: Literal["cpu", "gpu"] = "cpu"
+    min_gpu_memory_gb: float | None = Field(default=None, gt=0)
+    gpus: int = Field(default=1, ge=1)
+
+
+class PresetFile(_Strict):
+    """The schema of one YAML file; `Preset` is what the app uses."""
+
+    name: str = Field(min_length=1, max_length=80)
+    description: str = Field(min_length=1, max_length=600)
+    model: str = Field(min_length=1)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, float | KnobSetting] = Field(default_factory=dict)
+    system_prompt: str = ""
+    hardware: Literal["cpu", "gpu"] | Hardware = "cpu"
+    timeout_s: float | None = Field(default=None, gt=0)
+    tags: list[str] = Field(default_factory=list)
+    examples: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    model: str  # "embedded", a folder (absolute after loading) or a Hugging Face repo id
+    engine: Mapping[str, Any]
+    sampling: SamplingRules
+    system_prompt: str
+    hardware: Hardware
+    timeout_s: float | None
+    tags: tuple[str, ...]
+    examples: tuple[str, ...]
+    path: Path | None = None
+
+    @property
+    def engine_key(self) -> str:
+        """Presets with equal keys share one engine: they differ only in sampling and prompts."""
+        return json.dumps({"model": self.model, "engine": dict(self.engine)}, sort_keys=True, default=str)
+
+    @property
+    def model_kind(self) -> Literal["embedded", "folder", "hub"]:
+        if self.model == EMBEDDED:
+            return "embedded"
+        return "hub" if _HUB_REPO.match(self.model) and not Path(self.model).is_absolute() else "folder"
+
+    def non_default_engine_args(self) -> dict[str, Any]:
+        defaults = engine_arg_defaults()
+        return {key: value for key, value in self.engine.items() if defaults.get(key, object()) != value}
+
+
+@dataclass
+class PresetCatalog:
+    """Every preset found, by name, and the files that could not be used, with why."""
+
+    presets: dict[str, Preset] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)  # file name -> message
+
+    def get(self, name: str) -> Preset:
+        if name in self.presets:
+            return self.presets[name]
+        if name in self.problems:
+            raise PresetError(self.problems[name])
+        by_file = {p.path.stem: p for p in self.presets.values() if p.path}
+        if name in by_file:
+            return by_file[name]
+        known = ", ".join(sorted(self.presets)) or "none"
+        raise PresetError(f"There is no preset named {name!r}; the presets are: {known}.")
+
+
+# --- vLLM's engine arguments ---------------------------------------------------------------
+
+
+@cache
+def _engine_fields() -> dict[str, dataclasses.Field]:
+    from vllm import AsyncEngineArgs
+
+    return {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+@cache
+def engine_arg_defaults() -> dict[str, Any]:
+    defaults = {}
+    for name, f in _engine_fields().items():
+        if f.default is not dataclasses.MISSING:
+            defaults[name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[name] = f.default_factory()
+    return defaults
+
+
+@cache
+def _engine_type(name: str) -> TypeAdapter | None:
+    annotation = _engine_fields()[name].type
+    if isinstance(annotation, str):
+        from vllm import AsyncEngineArgs
+
+        try:
+            annotation = eval(annotation, vars(sys.modules[AsyncEngineArgs.__module__]))  # noqa: S307
+        except Exception:
+            return None  # a type vLLM itself cannot resolve: vLLM checks the value at start
+    try:
+        return TypeAdapter(annotation)
+    except Exception:
+        return None
+
+
+def check_engine_args(engine: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems as (key, message): unknown keys with the closest valid one, and wrong types."""
+    fields = _engine_fields()
+    problems = []
+    for key, value in engine.items():
+        if key in _RESERVED_ENGINE_KEYS:
+            problems.append((key, f"engine key '{key}' belongs at the top level of the preset, not under 'engine'"))
+            continue
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            hint = f" - did you mean '{close[0]}'?" if close else " (see vLLM's engine arguments)"
+            problems.append((key, f"unknown engine key '{key}'{hint}"))
+            continue
+        adapter = _engine_type(key)
+        if adapter is None:
+            continue
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError as exc:
+            expected = _expected_type(fields[key].type)
+            problems.append((key, f"engine.{key} must be {expected}; it is {value!r} ({exc.errors()[0]['msg'].lower()})"))
+    return problems
+
+
+def _expected_type(annotation: Any) -> str:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    return {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text"}.get(
+        text, f"of type {text}"
+    )
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
+    """Load every *.yaml / *.yml file; problems are collected, never raised."""
+    directory = Path(directory)
+    catalog = PresetCatalog()
+    if not directory.is_dir():
+        catalog.problems[str(directory)] = f"{directory}: the presets folder does not exist."
+        return catalog
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+    for path in files:
+        try:
+            preset = load_preset(path)
+        except PresetError as exc:
+            catalog.problems[path.stem] = exc.message
+            continue
+        if preset.name in catalog.presets:
+            other = catalog.presets[preset.name].path
+            catalog.problems[path.stem] = (
+                f"{_shown_path(path)}: the name '{preset.name}' is already used by {_shown_path(other)}; "
+                "give each preset its own name."
+            )
+            continue
+        catalog.presets[preset.name] = preset
+    return catalog
+
+
+def load_preset(path: Path) -> Preset:
+    shown = _shown_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PresetError(f"{shown}: cannot read the file ({exc}).") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1}" if mark else ""
+        raise PresetError(f"{shown}{where}: this is not valid YAML ({exc.problem or exc.context}).") from exc
+    except yaml.YAMLError as exc:
+        raise PresetError(f"{shown}: this is not valid YAML ({exc}).") from exc
+    if not isinstance(data, dict):
+        raise PresetError(f"{shown}: a preset is a YAML mapping of keys (name, description, model, ...).")
+
+    def fail(key_path: Sequence[str | int], message: str) -> PresetError:
+        line = _line_of(root, key_path)
+        return PresetError(f"{shown}{f', line {line}' if line else ''}: {message}.")
+
+    try:
+        spec = PresetFile.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [part for part in error["loc"] if not (isinstance(part, str) and part in ("KnobSetting", "Hardware", "float", "str"))]
+        # pydantic names union members in the location (e.g. "literal['cpu','gpu']"): drop them
+        loc = [part for part in loc if not (isinstance(part, str) and ("[" in part or part.startswith("function-")))]
+        key = ".".join(str(part) for part in loc)
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), list(_keys_at(loc[:-1])), n=1, cutoff=0.6)
+            hint = f" - did you mean '{close[0]}'?" if close else f" (the keys are: {', '.join(_keys_at(loc[:-1]))})"
+            raise fail(loc, f"unknown key '{key}'{hint}") from None
+        if error["type"] == "missing":
+            raise fail(loc[:-1], f"the key '{key}' is required") from None
+        raise fail(loc, f"{key}: {error['msg'][0].lower()}{error['msg'][1:]}; it is {error.get('input')!r}") from None
+
+    problems = check_engine_args(spec.engine)
+    if problems:
+        key, message = problems[0]
+        raise fail(["engine", key], message)
+    if "model" in spec.engine:
+        raise fail(["engine", "model"], "put the model at the top level ('model:')")
+
+    overrides = {}
+    for name, setting in spec.sampling.items():
+        if name not in KNOB_NAMES:
+            close = difflib.get_close_matches(name, KNOB_NAMES, n=1, cutoff=0.6)
+            hint = f" - did you mean '{close[0]}'?" if close else f" (the settings are: {', '.join(KNOB_NAMES)})"
+            raise fail(["sampling", name], f"unknown sampling setting '{name}'{hint}")
+        if isinstance(setting, KnobSetting):
+            overrides[name] = (setting.default, setting.min, setting.max)
+        else:
+            overrides[name] = (setting, None, None)
+    try:
+        rules = SamplingRules().narrowed(overrides)
+    except SettingsError as exc:
+        raise fail(["sampling"], f"sampling: {exc.message.rstrip('.')}") from None
+    max_model_len = spec.engine.get("max_model_len")
+    if max_model_len and rules.knob("max_tokens").maximum > max_model_len:
+        max_tokens = rules.knob("max_tokens")
+        rules = rules.narrowed({"max_tokens": (min(max_tokens.default, max_model_len), None, max_model_len)})
+
+    model = spec.model
+    if model != EMBEDDED and not (_HUB_REPO.match(model) and not model.startswith(".")):
+        folder = (path.parent / Path(model).expanduser()).resolve()
+        if not folder.is_dir():
+            raise fail(["model"], f"the model folder {model} does not exist (looked in {folder})")
+        model = str(folder)
+
+    hardware = spec.hardware if isinstance(spec.hardware, Hardware) else Hardware(device=spec.hardware)
+    return Preset(
+        name=spec.name.strip(),
+        description=spec.description.strip(),
+        model=model,
+        engine=dict(spec.engine),
+        sampling=rules,
+        system_prompt=spec.system_prompt,
+        hardware=hardware,
+        timeout_s=spec.timeout_s,
+        tags=tuple(spec.tags),
+        examples=tuple(spec.examples),
+        path=path.resolve(),
+    )
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    model: type[BaseModel] = PresetFile
+    if list(loc) == ["hardware"]:
+        model = Hardware
+    elif len(loc) == 2 and loc[0] == "sampling":
+        model = KnobSetting
+    return list(model.model_fields)
+
+
+def _line_of(node: yaml.Node | None, key_path: Sequence[str | int]) -> int | None:
+    """The 1-based line of a key in the composed YAML, or of its closest parent."""
+    line = None
+    for part in key_path:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == str(part):
+                line = key_node.start_mark.line + 1
+                node = value_node
+                break
+        else:
+            break
+    return line
+
+
+def _shown_path(path: Path | None) -> str:
+    if path is None:
+        return "?"
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

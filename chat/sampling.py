@@ -1,0 +1,154 @@
+"""Sampling settings: one declarative table drives the sliders, their help, validation and presets.
+
+A preset may narrow any knob's range and change its default (`sampling:` in its YAML file);
+values from the browser or the API are checked against the preset's range, so a public demo can
+cap, say, Max new tokens. Messages are written for the person who moved the slider.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+
+from chat.errors import SettingsError
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One sampling setting: its slider, its plain-language help and its valid range."""
+
+    name: str  # the SamplingParams field
+    label: str
+    help: str
+    default: float
+    minimum: float
+    maximum: float
+    step: float
+    integer: bool = False
+
+    def with_range(self, default: float, minimum: float, maximum: float) -> Knob:
+        return replace(self, default=default, minimum=minimum, maximum=maximum)
+
+    def format(self, value: float) -> str:
+        return f"{int(value)}" if self.integer else f"{value:g}"
+
+    def check(self, value: object) -> float | int:
+        """Return the value as this knob's type, or raise SettingsError saying what is allowed."""
+        allowed = f"{self.label} must be a {'whole ' if self.integer else ''}number from {self.format(self.minimum)} to {self.format(self.maximum)}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{allowed}; it was {_shown(value)}.")
+        if not math.isfinite(value) or not self.minimum <= value <= self.maximum:
+            raise SettingsError(f"{allowed}; it was {_shown(value)}.")
+        if self.integer:
+            if value != int(value):
+                raise SettingsError(f"{allowed}; it was {_shown(value)}.")
+            return int(value)
+        return float(value)
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# Hard ranges are what vLLM accepts (or what makes sense to offer); presets may narrow them.
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "temperature", "Temperature",
+        "How adventurous the wording is: 0 always picks the most likely next word, higher values vary more.",
+        0.7, 0.0, 2.0, 0.05,
+    ),
+    Knob(
+        "top_p", "Top-p",
+        "Only words among the most likely ones, whose chances add up to this share, are considered; lower is more focused.",
+        0.9, 0.05, 1.0, 0.05,
+    ),
+    Knob(
+        "top_k", "Top-k",
+        "Only this many of the most likely next words are considered; 0 means no limit.",
+        0, 0, 200, 1, integer=True,
+    ),
+    Knob(
+        "max_tokens", "Max new tokens",
+        "The reply stops after this many tokens (a token is about three quarters of a word).",
+        256, 1, 4096, 1, integer=True,
+    ),
+    Knob(
+        "repetition_penalty", "Repetition penalty",
+        "Above 1 discourages repeating the same words; 1 leaves the model as it is.",
+        1.0, 1.0, 2.0, 0.05,
+    ),
+    Knob(
+        "seed", "Seed",
+        "The same seed, settings and conversation give the same reply; -1 picks a new one every time.",
+        -1, -1, 2**31 - 1, 1, integer=True,
+    ),
+)
+KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The exact values one reply was written with."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    repetition_penalty: float
+    seed: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SamplingRules:
+    """The knobs as one preset offers them: ranges and defaults."""
+
+    knobs: tuple[Knob, ...] = KNOBS
+
+    def knob(self, name: str) -> Knob:
+        for knob in self.knobs:
+            if knob.name == name:
+                return knob
+        raise KeyError(name)
+
+    @property
+    def defaults(self) -> Sampling:
+        return Sampling(**{knob.name: knob.check(knob.default) for knob in self.knobs})
+
+    def resolve(self, values: Mapping[str, object]) -> Sampling:
+        """Validate values from a slider, the API or a link; missing ones take the defaults."""
+        unknown = sorted(set(values) - set(KNOB_NAMES))
+        if unknown:
+            raise SettingsError(
+                f"Unknown setting {unknown[0]!r}; the settings are {', '.join(KNOB_NAMES)}."
+            )
+        chosen = {
+            knob.name: knob.check(values[knob.name] if values.get(knob.name) is not None else knob.default)
+            for knob in self.knobs
+        }
+        return Sampling(**chosen)
+
+    def narrowed(self, overrides: Mapping[str, tuple[float | None, float | None, float | None]]) -> SamplingRules:
+        """Apply a preset's (default, min, max) per knob; None keeps the table's value.
+
+        Raises SettingsError when the preset asks for values outside what the knob allows.
+        """
+        knobs = []
+        for knob in self.knobs:
+            if knob.name not in overrides:
+                knobs.append(knob)
+                continue
+            default, minimum, maximum = overrides[knob.name]
+            minimum = knob.minimum if minimum is None else knob.check(minimum)
+            maximum = knob.maximum if maximum is None else knob.check(maximum)
+            if minimum > maximum:
+                raise SettingsError(f"{knob.label}: min {knob.format(minimum)} is above max {knob.format(maximum)}.")
+            if default is None:
+                default = min(max(knob.default, minimum), maximum)
+            narrowed = knob.with_range(knob.default, minimum, maximum)
+            knobs.append(narrowed.with_range(narrowed.check(default), minimum, maximum))
+        return SamplingRules(tuple(knobs))

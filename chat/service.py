@@ -1,0 +1,92 @@
+"""What the UI and the API share: presets by name, engines, and the replies in flight.
+
+Nothing from a browser or API client names a file, a model or an engine argument: they pick a
+preset by name and send sampling values, which are checked against that preset's ranges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from chat.engine import Engine, EngineRegistry, EngineState
+from chat.errors import InputError
+from chat.history import Message
+from chat.presets import Preset, PresetCatalog
+from chat.stream import Reply
+
+MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
+
+
+@dataclass
+class ChatService:
+    catalog: PresetCatalog
+    registry: EngineRegistry
+    default_preset: str
+    _replies: dict[str, Reply] = field(default_factory=dict)  # session -> its reply in flight
+
+    def preset(self, name: str | None) -> Preset:
+        return self.catalog.get(name or self.default_preset)
+
+    def check_message(self, message: str) -> str:
+        """The message as it will be sent, or InputError saying what to change."""
+        if not isinstance(message, str) or not message.strip():
+            raise InputError("Type a message first.")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise InputError(
+                f"Your message is {len(message):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
+                "Shorten it and send it again."
+            )
+        return message
+
+    async def engine_progress(self, preset: Preset, every_s: float = 1.0) -> AsyncIterator[str]:
+        """Yield a status line every `every_s` while the preset's engine starts; return when ready.
+
+        Raises EngineError when it cannot start.
+        """
+        engine = self.registry.start(preset)
+        while engine.state is EngineState.STARTING:
+            yield engine.status()
+            try:
+                await asyncio.wait_for(engine.wait_ready(), timeout=every_s)
+            except TimeoutError:
+                continue
+        await engine.wait_ready()
+
+    async def engine(self, preset: Preset) -> Engine:
+        return await self.registry.get(preset)
+
+    def open_reply(
+        self,
+        engine: Engine,
+        preset: Preset,
+        messages: list[Message],
+        sampling_values: Mapping[str, object],
+        *,
+        session: str | None = None,
+        submitted_at: float | None = None,
+    ) -> Reply:
+        reply = Reply(
+            engine,
+            preset,
+            messages,
+            preset.sampling.resolve(sampling_values),
+            submitted_at=time.monotonic() if submitted_at is None else submitted_at,
+        )
+        if session:
+            self._replies[session] = reply
+        return reply
+
+    def close_reply(self, session: str | None, reply: Reply) -> None:
+        if session and self._replies.get(session) is reply:
+            del self._replies[session]
+
+    def stop(self, session: str | None) -> bool:
+        """Stop the session's reply in flight; False when there is none."""
+        reply = self._replies.get(session or "")
+        if reply is None:
+            return False
+        reply.stop()
+        return True

@@ -1,0 +1,91 @@
+"""Command-line flags and their environment variables, declared once.
+
+The table drives `python app.py --help`, the environment fallbacks for hosted demos, and the
+README's settings table (a test checks that every setting is documented there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chat.presets import DEFAULT_PRESETS_DIR
+
+DEFAULT_PRESET = "smollm2-135m-cpu"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the flag is --name with dashes
+    env: tuple[str, ...]  # environment variables read when the flag is absent, first wins
+    default: Any
+    help: str
+    kind: type = str  # str, int, float, or bool for on/off switches
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", ("CHAT_HOST", "GRADIO_SERVER_NAME"), "127.0.0.1",
+            "Address to listen on. The default serves this machine only; 0.0.0.0 serves the network."),
+    Setting("port", ("CHAT_PORT", "GRADIO_SERVER_PORT", "PORT"), 7860, "Port to listen on.", int),
+    Setting("preset", ("CHAT_PRESET",), DEFAULT_PRESET,
+            "Preset shown first and loaded at start: its name or its file name without .yaml."),
+    Setting("presets_dir", ("CHAT_PRESETS_DIR",), str(DEFAULT_PRESETS_DIR), "Folder of preset YAML files."),
+    Setting("share", ("CHAT_SHARE",), False,
+            "Also publish a temporary public gradio.live link. Off by default: anyone with the link can use your model.",
+            bool),
+    Setting("concurrency_limit", ("CHAT_CONCURRENCY_LIMIT",), 0,
+            "Most replies written at once; 0 means no limit, so vLLM batches every user together.", int),
+    Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,
+            "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
+            "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",
+            float),
+    Setting("list_presets", (), False, "Print the presets and exit.", bool),
+    Setting("check_presets", (), False,
+            "Validate every preset file, print each problem, exit non-zero when any is invalid.", bool),
+)
+
+
+def _env_default(setting: Setting) -> Any:
+    for name in setting.env:
+        raw = os.environ.get(name)
+        if raw is None or raw == "":
+            continue
+        if setting.kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        try:
+            return setting.kind(raw)
+        except ValueError:
+            raise SystemExit(f"{name}={raw!r} is not a valid {setting.kind.__name__}.") from None
+    return setting.default
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="app.py",
+        description="A streaming chat demo for vLLM with presets, sampling sliders and per-reply latency stats.",
+        epilog="Each flag can also be set by the environment variable named in brackets.",
+    )
+    for setting in SETTINGS:
+        env = f" [{', '.join(setting.env)}]" if setting.env else ""
+        default = _env_default(setting)
+        if setting.kind is bool:
+            p.add_argument(setting.flag, action=argparse.BooleanOptionalAction if setting.env else "store_true",
+                           default=default, help=setting.help + env)
+        else:
+            p.add_argument(setting.flag, type=setting.kind, default=default,
+                           help=f"{setting.help} Default: {setting.default}.{env}")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = parser().parse_args(argv)
+    args.presets_dir = Path(args.presets_dir)
+    return args

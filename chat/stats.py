@@ -1,0 +1,138 @@
+"""What each reply measured, and how it is said beneath the reply.
+
+Times come from two clocks: the app's monotonic clock around the stream (what the person waited)
+and the engine's own timestamps (queue wait and prompt processing inside vLLM), which are only
+compared with each other.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from chat.sampling import KNOBS, Sampling
+
+
+class Finish(enum.Enum):
+    """Why a reply ended; the value is how the stats line says it."""
+
+    FINISHED = "finished"
+    MAX_TOKENS = "reached the Max tokens limit"
+    CONTEXT_FULL = "filled the model's context window"
+    STOP_SEQUENCE = "hit a stop sequence"
+    REPETITION = "stopped because it kept repeating itself"
+    STOPPED_BY_USER = "stopped by you"
+    DISCONNECTED = "stopped: the browser disconnected"
+    UNLOADED = "stopped: the model was unloaded"
+    TIMED_OUT = "timed out"
+    ENGINE_FAILED = "failed: the engine stopped working"
+    ERROR = "failed"
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    """The numbers beneath one reply; also what the API, exports and metrics report."""
+
+    preset: str
+    sampling: Sampling
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    first_token_s: float | None  # from submitting to the first token, as the app saw it
+    total_s: float
+    queue_s: float | None  # waiting inside the engine for a free slot
+    prefill_s: float | None  # the engine reading the prompt
+    decode_s: float | None  # first token to last token, engine clock
+    finish: Finish
+    context_limit: int
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Generation speed after the first token (the first one is prompt processing)."""
+        if self.generated_tokens < 2:
+            return None
+        span = self.decode_s
+        if span is None and self.first_token_s is not None:
+            span = self.total_s - self.first_token_s
+        return (self.generated_tokens - 1) / span if span else None
+
+    def summary(self) -> str:
+        """The one line shown beneath the reply, visible without clicking."""
+        parts = []
+        if self.first_token_s is not None:
+            parts.append(f"first token {_seconds(self.first_token_s)}")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:.1f} tokens/s")
+        parts.append(f"{self.generated_tokens:,} tokens")
+        parts.append(f"{_seconds(self.total_s)} total")
+        if self.queue_s is not None and self.queue_s >= 0.05:
+            parts.append(f"queued {_seconds(self.queue_s)}")
+        parts.append(self.finish.value)
+        return " · ".join(parts)
+
+    def details(self) -> str:
+        """Everything behind the line: the timing split, the prompt, and the exact settings."""
+        rows = [
+            ("Preset", self.preset),
+            ("Time to first token", _seconds(self.first_token_s)),
+            ("Waiting in the engine's queue", _seconds(self.queue_s)),
+            ("Reading the prompt", _seconds(self.prefill_s)),
+            ("Writing", _seconds(self.decode_s)),
+            ("Total", _seconds(self.total_s)),
+            ("Generation speed", f"{self.tokens_per_s:.1f} tokens/s" if self.tokens_per_s else "-"),
+            ("Tokens generated", f"{self.generated_tokens:,}"),
+            (
+                "Prompt tokens",
+                f"{self.prompt_tokens:,} ({self.cached_prompt_tokens:,} from the prefix cache)",
+            ),
+            ("Context used", f"{self.prompt_tokens + self.generated_tokens:,} of {self.context_limit:,} tokens"),
+            ("Why it stopped", self.finish.value),
+        ]
+        rows += [(knob.label, knob.format(getattr(self.sampling, knob.name))) for knob in KNOBS]
+        return "\n".join(f"{name}: {value}" for name, value in rows)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "preset": self.preset,
+            "sampling": self.sampling.as_dict(),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "first_token_s": self.first_token_s,
+            "tokens_per_s": self.tokens_per_s,
+            "total_s": self.total_s,
+            "queue_s": self.queue_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "finish": self.finish.name.lower(),
+            "finish_text": self.finish.value,
+            "context_limit": self.context_limit,
+        }
+
+
+@dataclass
+class ReplyProgress:
+    """What is known while a reply is still being written."""
+
+    max_tokens: int
+    started: float  # monotonic
+    tokens: int = 0
+    first_token_at: float | None = None
+    waiting_for: str | None = field(default=None)  # e.g. "the engine to start"
+
+    def line(self, now: float) -> str:
+        elapsed = _seconds(now - self.started)
+        if self.waiting_for:
+            return f"Waiting for {self.waiting_for}… {elapsed}"
+        if self.first_token_at is None:
+            return f"Reading your message… {elapsed}"
+        percent = 100 * self.tokens / self.max_tokens
+        return f"Writing… {elapsed} · {self.tokens:,} tokens · {percent:.0f}% of Max tokens"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    return f"{value:.1f} s"

@@ -1,0 +1,40 @@
+"""HTTP routes served beside the Gradio UI on the same server: health and engine state."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from chat.engine import EngineState
+from chat.service import ChatService
+
+
+def routes(service: ChatService) -> list[BaseRoute]:
+    async def healthz(request: Request) -> JSONResponse:
+        """200 when every loaded engine is ready; 503 with the reason while one starts or failed."""
+        engines = []
+        healthy = True
+        for engine in service.registry:
+            healthy = healthy and engine.state is EngineState.READY
+            engines.append(
+                {
+                    "preset": engine.preset.name,
+                    "state": engine.state.value,
+                    "status": engine.status(),
+                    "running": engine.load.running,
+                    "waiting": engine.load.waiting,
+                    "kv_cache_usage": engine.load.kv_cache_usage,
+                    "unfinished": engine.num_unfinished(),
+                    "streams": len(engine.streams),
+                    "start_seconds": engine.start_seconds,
+                }
+            )
+        if not engines:
+            healthy = False
+        body = {"status": "ok" if healthy else "unavailable", "engines": engines}
+        if not healthy:
+            body["reason"] = "; ".join(e["status"] for e in engines) or "No engine is loaded yet."
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    return [Route("/healthz", healthz, methods=["GET"])]

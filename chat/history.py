@@ -39,19 +39,26 @@ def to_model_messages(
 ) -> list[Message]:
     """The conversation for the chat template: system, then alternating user/assistant turns.
 
-    Consecutive messages of one role are joined (Gradio groups a reply and its annotations into
-    one bubble as separate messages; many chat templates require strict alternation).
+    A user message whose reply has no text (it was refused, failed, or stopped before the first
+    word) is left out: the model never answered it. Consecutive messages of one role are joined
+    (Gradio sends a reply and its annotations, or a file and its caption, as separate messages;
+    many chat templates require strict alternation).
     """
+    items = list(history)
+    kept: list[tuple[str, str]] = []
+    for index, item in enumerate(items):
+        role = item.get("role")
+        if role not in ("user", "assistant") or is_annotation(item):
+            continue
+        if role == "user" and _unanswered(items, index):
+            continue
+        kept.append((role, text_of(item.get("content"))))
+    kept.append(("user", message))
+
     messages: list[Message] = []
     if system_prompt.strip():
         messages.append({"role": "system", "content": system_prompt.strip()})
-    turns = [item for item in history if not is_annotation(item)]
-    turns.append({"role": "user", "content": message})
-    for item in turns:
-        role = item.get("role")
-        if role not in ("user", "assistant"):
-            continue
-        text = text_of(item.get("content"))
+    for role, text in kept:
         if not text.strip():
             continue
         if messages and messages[-1]["role"] == role:
@@ -59,3 +66,13 @@ def to_model_messages(
         else:
             messages.append({"role": role, "content": text})
     return messages
+
+
+def _unanswered(items: list[Mapping[str, Any]], index: int) -> bool:
+    """True when the user message at `index` is followed by a reply made only of annotations."""
+    reply = []
+    for item in items[index + 1 :]:
+        if item.get("role") != "assistant":
+            break
+        reply.append(item)
+    return bool(reply) and all(is_annotation(item) or not text_of(item.get("content")).strip() for item in reply)

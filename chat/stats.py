@@ -89,7 +89,7 @@ class ReplyStats:
             ("Why it stopped", self.finish.value),
         ]
         rows += [(knob.label, knob.format(getattr(self.sampling, knob.name))) for knob in KNOBS]
-        return "\n".join(f"{name}: {value}" for name, value in rows)
+        return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -94,7 +94,7 @@ class Reply:
         self._ended_by: Finish | None = None
         self._prompt_tokens = 0
         self._cached_tokens = 0
-        self._engine_times: Any = None
+        self.engine_metrics: Any = None
 
     def stop(self) -> None:
         """The reader pressed Stop: abort the engine request; stream() then ends normally."""
@@ -148,7 +148,7 @@ class Reply:
                         yield completion.text
                     if out.finished:
                         self._cached_tokens = out.num_cached_tokens or 0
-                        self._engine_times = out.metrics
+                        self.engine_metrics = out.metrics
                         finish = self._finish_of(completion.finish_reason, completion.stop_reason, params.max_tokens)
         except TimeoutError:
             finish = Finish.TIMED_OUT
@@ -187,7 +187,7 @@ class Reply:
     def _stats(self, finish: Finish) -> ReplyStats:
         progress = self.progress
         now = time.monotonic()
-        times = self._engine_times
+        times = self.engine_metrics
         queue_s = prefill_s = decode_s = None
         if times is not None and times.scheduled_ts:
             queue_s = max(times.scheduled_ts - times.queued_ts, 0.0)

@@ -68,13 +68,35 @@ def preset_card(preset: Preset) -> str:
     )
 
 
+class PlainSlider(gr.Slider):
+    """A slider that hands its value to the chat function unchecked.
+
+    Gradio's own range check answers API callers "Value 9 is greater than maximum value 2.0"
+    without naming the setting; `SamplingRules.resolve` says which one and what is allowed.
+    """
+
+    is_template = True  # rendered by the browser as a plain Slider
+
+    def preprocess(self, payload: Any) -> Any:
+        return payload
+
+
+class PlainNumber(gr.Number):
+    """A number box that hands its value to the chat function unchecked (see PlainSlider)."""
+
+    is_template = True
+
+    def preprocess(self, payload: Any) -> Any:
+        return payload
+
+
 def knob_input(knob: Knob) -> gr.components.Component:
     if knob.name == "seed":
-        return gr.Number(
+        return PlainNumber(
             value=knob.default, label=knob.label, info=knob.help, precision=0,
             minimum=knob.minimum, maximum=knob.maximum, elem_id=f"knob-{knob.name}",
         )
-    return gr.Slider(
+    return PlainSlider(
         minimum=knob.minimum, maximum=knob.maximum, value=knob.default, step=knob.step,
         label=knob.label, info=knob.help, elem_id=f"knob-{knob.name}",
     )
@@ -183,10 +205,11 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
             stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=120)
             status = gr.Markdown(engine_status(default.name), elem_id="engine-status")
 
-        stop_button.click(stop, None, None, queue=False, api_name="stop")
-        preset_choice.change(on_preset_change, [preset_choice], [card, system_prompt, *sliders], queue=False).then(
-            warm_up, [preset_choice], [status]
+        internal = {"queue": False, "api_visibility": "undocumented"}
+        stop_button.click(stop, None, None, **internal)
+        preset_choice.change(on_preset_change, [preset_choice], [card, system_prompt, *sliders], **internal).then(
+            warm_up, [preset_choice], [status], **internal
         )
-        gr.Timer(2.0).tick(engine_status, [preset_choice], [status], queue=False, show_progress="hidden")
-        demo.load(engine_status, [preset_choice], [status], queue=False)
+        gr.Timer(2.0).tick(engine_status, [preset_choice], [status], show_progress="hidden", **internal)
+        demo.load(engine_status, [preset_choice], [status], **internal)
     return demo

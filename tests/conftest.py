@@ -1,0 +1,137 @@
+"""Shared fixtures: the real engine in this process, and the real app in a subprocess.
+
+Both run the embedded SmolLM2 model on vLLM's CPU build; nothing is faked. The in-process engine
+is started in pytest's session event loop (all async tests share it, as Gradio's handlers share
+the server's loop); the app runs exactly as `python app.py` does, on a free local port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTPUT = ROOT / "tests" / "output"
+
+
+@pytest.fixture(scope="session")
+def default_preset():
+    from chat.presets import load_presets
+    from chat.settings import DEFAULT_PRESET
+
+    return load_presets().get(DEFAULT_PRESET)
+
+
+@pytest.fixture(scope="session")
+async def registry():
+    from chat.engine import EngineRegistry
+
+    registry = EngineRegistry()
+    yield registry
+    await registry.close_all()
+
+
+@pytest.fixture(scope="session")
+async def engine(registry, default_preset):
+    return await registry.get(default_preset)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@dataclass
+class RunningApp:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def health(self) -> tuple[int, dict]:
+        return get_json(self.url + "healthz")
+
+    def wait_idle(self, timeout: float = 10) -> dict:
+        """Wait until no request is running or tracked in any engine; return the last health."""
+        deadline = time.monotonic() + timeout
+        while True:
+            _, body = self.health()
+            busy = [e for e in body.get("engines", []) if e["running"] or e["waiting"] or e["unfinished"] or e["streams"]]
+            if not busy or time.monotonic() > deadline:
+                return body
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240) -> RunningApp:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = OUTPUT / f"{name}.log"
+    log = open(log_path, "w")  # noqa: SIM115 - kept open for the subprocess's lifetime
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port), *args],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
+    )
+    app = RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"app.py exited with {process.returncode}:\n{app.log_tail()}")
+        try:
+            status, _ = app.health()
+            if status == 200:
+                return app
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"app.py was not healthy within {ready_timeout} s:\n{app.log_tail()}")
+        time.sleep(0.5)
+
+
+def stop_app(app: RunningApp) -> None:
+    app.process.terminate()
+    try:
+        app.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        app.process.kill()
+        app.process.wait()
+
+
+@pytest.fixture(scope="session")
+def app_server() -> Iterator[RunningApp]:
+    app = start_app("app")
+    yield app
+    stop_app(app)
+
+
+@pytest.fixture
+def client(app_server):
+    """A new client per test: each has its own session, so conversations never leak between tests."""
+    from gradio_client import Client
+
+    return Client(app_server.url, verbose=False)

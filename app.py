@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 
@@ -23,6 +25,24 @@ def print_presets(catalog: PresetCatalog) -> None:
         print(f"{name}  [{stem}]  {preset.hardware.device}  {preset.model}\n    {preset.description}")
     for problem in catalog.problems.values():
         print(f"UNAVAILABLE  {problem}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # Gradio closes the server on it, which runs our shutdown
+
+
+def _end_children() -> None:
+    """Last resort at exit: no engine process may outlive the app (each holds GBs of memory)."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         yield
         await registry.close_all()
 
+    signal.signal(signal.SIGTERM, _interrupt)
+    atexit.register(_end_children)
     demo.queue(default_concurrency_limit=None)
     demo.launch(
         server_name=args.host,

@@ -148,7 +148,7 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
             if reply is not None:
                 service.close_reply(session, reply)
 
-    def on_preset_change(name: str) -> list[Any]:
+    async def on_preset_change(name: str) -> list[Any]:
         preset = service.preset(name)
         updates: list[Any] = [preset_card(preset), preset.system_prompt]
         for knob in preset.sampling.knobs:
@@ -160,7 +160,7 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
         preset = service.preset(name)
         return service.registry.start(preset).status()
 
-    def engine_status(name: str) -> str:
+    async def engine_status(name: str) -> str:
         try:
             preset = service.preset(name)
         except ChatError as exc:
@@ -168,7 +168,7 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
         engine = service.registry.peek(preset)
         return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
 
-    def stop(request: gr.Request) -> None:
+    async def stop(request: gr.Request) -> None:
         service.stop(request.session_hash)
 
     presets = list(service.catalog.presets)
@@ -192,10 +192,13 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
             fn=respond,
             additional_inputs=[preset_choice, system_prompt, *sliders],
             chatbot=gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420),
+            textbox=gr.Textbox(
+                elem_id="message", placeholder="Type a message and press Enter", show_label=False,
+                submit_btn=True, stop_btn=False, autofocus=True, scale=7,
+            ),
             concurrency_limit=concurrency_limit,
             save_history=True,
             editable=True,
-            stop_btn=False,
             examples=[[example] for example in default.examples] or None,
             fill_height=True,
             api_name="chat",
@@ -203,7 +206,7 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
         )
         with gr.Row():
             stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=120)
-            status = gr.Markdown(engine_status(default.name), elem_id="engine-status")
+            status = gr.Markdown("Engine: starting…", elem_id="engine-status")
 
         internal = {"queue": False, "api_visibility": "undocumented"}
         stop_button.click(stop, None, None, **internal)

@@ -60,14 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for problem in catalog.problems.values():
         log.warning("Preset unavailable: %s", problem)
-    try:
-        default = catalog.get(args.preset)
-    except Exception as exc:
-        print(getattr(exc, "message", str(exc)), file=sys.stderr)
-        return 2
-
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
     from chat.engine import EngineRegistry, on_cpu
+    from chat.errors import PresetError
     from chat.service import ChatService
     from chat.ui import build_ui
     from chat.web import routes
@@ -80,7 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         budget = budget or 1.0
     registry = EngineRegistry(memory_budget=budget)
-    service = ChatService(catalog, registry, default.name)
+    try:
+        default = catalog.get(args.preset)
+        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu())
+        service.preset(None)
+    except PresetError as exc:
+        print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
+        return 2
     demo = build_ui(service, concurrency_limit=args.concurrency_limit or None)
 
     @contextlib.asynccontextmanager

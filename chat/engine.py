@@ -101,6 +101,7 @@ class Engine:
     last_used: float = field(default_factory=time.monotonic)
     failures: int = 0
     retry_at: float = 0.0
+    refusal: EngineBusy | None = None  # why it was not started (no room); asking again may work
     _task: asyncio.Task | None = None
 
     @property
@@ -125,6 +126,8 @@ class Engine:
     async def wait_ready(self) -> None:
         if self._task is not None:
             await asyncio.shield(self._task)
+        if self.refusal is not None:
+            raise EngineBusy(self.refusal.message)
         if self.state is not EngineState.READY:
             raise EngineError(self.error or f"The engine for {self.preset.name} is not running; try again.")
 
@@ -212,6 +215,10 @@ class EngineRegistry:
         make_room = functools.partial(self._make_room_threadsafe, loop)
         try:
             await asyncio.to_thread(engine._build, make_room)
+        except EngineBusy as exc:
+            engine.refusal, engine.state = exc, EngineState.CLOSED
+            if self._engines.get(engine.key) is engine:
+                del self._engines[engine.key]
         except ChatError as exc:
             self._mark_failed(engine, exc.message)
         except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log

@@ -62,11 +62,15 @@ class PresetFile(_Strict):
     examples: list[str] = Field(default_factory=list)
 
 
+ModelKind = Literal["embedded", "folder", "hub"]
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
     description: str
-    model: str  # "embedded", a folder (absolute after loading) or a Hugging Face repo id
+    model: str  # "embedded", an absolute folder, or a Hugging Face repo id
+    model_kind: ModelKind
     engine: Mapping[str, Any]
     sampling: SamplingRules
     system_prompt: str
@@ -82,10 +86,8 @@ class Preset:
         return json.dumps({"model": self.model, "engine": dict(self.engine)}, sort_keys=True, default=str)
 
     @property
-    def model_kind(self) -> Literal["embedded", "folder", "hub"]:
-        if self.model == EMBEDDED:
-            return "embedded"
-        return "hub" if _HUB_REPO.match(self.model) and not Path(self.model).is_absolute() else "folder"
+    def needs_gpu(self) -> bool:
+        return self.hardware.device == "gpu"
 
     def non_default_engine_args(self) -> dict[str, Any]:
         defaults = engine_arg_defaults()
@@ -98,6 +100,19 @@ class PresetCatalog:
 
     presets: dict[str, Preset] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # file name -> message
+
+    def usable(self, has_gpu: bool) -> dict[str, Preset]:
+        """The presets this machine can run; the others are reported by `unusable`."""
+        return {name: p for name, p in self.presets.items() if has_gpu or not p.needs_gpu}
+
+    def unusable(self, has_gpu: bool) -> dict[str, str]:
+        """Why each preset or file cannot be used here, by name (or file name for bad files)."""
+        reasons = dict(self.problems)
+        if not has_gpu:
+            for name, preset in self.presets.items():
+                if preset.needs_gpu:
+                    reasons[name] = f"{name} needs an NVIDIA GPU; this machine has none."
+        return reasons
 
     def get(self, name: str) -> Preset:
         if name in self.presets:
@@ -227,12 +242,14 @@ def load_preset(path: Path) -> Preset:
 
     def fail(key_path: Sequence[str | int], message: str) -> PresetError:
         line = _line_of(root, key_path)
-        return PresetError(f"{shown}{f', line {line}' if line else ''}: {message}.")
+        end = "" if message.endswith(("?", ".")) else "."
+        return PresetError(f"{shown}{f', line {line}' if line else ''}: {message}{end}")
 
     try:
         spec = PresetFile.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
+        # A misspelt key also makes the right one "missing": report the misspelling first.
+        error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
         loc = [part for part in error["loc"] if not (isinstance(part, str) and part in ("KnobSetting", "Hardware", "float", "str"))]
         # pydantic names union members in the location (e.g. "literal['cpu','gpu']"): drop them
         loc = [part for part in loc if not (isinstance(part, str) and ("[" in part or part.startswith("function-")))]
@@ -271,18 +288,27 @@ def load_preset(path: Path) -> Preset:
         max_tokens = rules.knob("max_tokens")
         rules = rules.narrowed({"max_tokens": (min(max_tokens.default, max_model_len), None, max_model_len)})
 
-    model = spec.model
-    if model != EMBEDDED and not (_HUB_REPO.match(model) and not model.startswith(".")):
-        folder = (path.parent / Path(model).expanduser()).resolve()
+    model, model_kind = spec.model.strip(), "hub"
+    folder = (path.parent / Path(model).expanduser()).resolve()
+    if model == EMBEDDED:
+        model_kind = "embedded"
+    elif model.startswith(("/", "./", "../", "~")) or folder.is_dir():
         if not folder.is_dir():
             raise fail(["model"], f"the model folder {model} does not exist (looked in {folder})")
-        model = str(folder)
+        model, model_kind = str(folder), "folder"
+    elif not _HUB_REPO.match(model):
+        raise fail(
+            ["model"],
+            f"model {model!r} is neither 'embedded', a folder (start it with ./ or /) "
+            "nor a Hugging Face repo id like Qwen/Qwen2.5-7B-Instruct",
+        )
 
     hardware = spec.hardware if isinstance(spec.hardware, Hardware) else Hardware(device=spec.hardware)
     return Preset(
         name=spec.name.strip(),
         description=spec.description.strip(),
         model=model,
+        model_kind=model_kind,
         engine=dict(spec.engine),
         sampling=rules,
         system_prompt=spec.system_prompt,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from chat.engine import Engine, EngineRegistry, EngineState
-from chat.errors import InputError
+from chat.errors import InputError, PresetError
 from chat.history import Message
 from chat.presets import Preset, PresetCatalog
 from chat.stream import Reply
@@ -25,10 +25,24 @@ class ChatService:
     catalog: PresetCatalog
     registry: EngineRegistry
     default_preset: str
+    has_gpu: bool = False
     _replies: dict[str, Reply] = field(default_factory=dict)  # session -> its reply in flight
 
     def preset(self, name: str | None) -> Preset:
-        return self.catalog.get(name or self.default_preset)
+        """A preset this machine can run, by name; PresetError says why not otherwise."""
+        preset = self.catalog.get(name or self.default_preset)
+        if preset.needs_gpu and not self.has_gpu:
+            raise PresetError(self.catalog.unusable(has_gpu=False)[preset.name])
+        return preset
+
+    def preset_names(self) -> list[str]:
+        """Usable presets, the default first."""
+        names = list(self.catalog.usable(self.has_gpu))
+        default = self.preset(None).name
+        return [default] + [name for name in names if name != default]
+
+    def unavailable(self) -> dict[str, str]:
+        return self.catalog.unusable(self.has_gpu)
 
     def check_message(self, message: str) -> str:
         """The message as it will be sent, or InputError saying what to change."""

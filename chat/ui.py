@@ -16,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from chat.components import PlainNumber, PlainSlider
 from chat.errors import UNEXPECTED_ERROR, ChatError
 from chat.history import to_model_messages
 from chat.presets import Preset
@@ -66,28 +67,6 @@ def preset_card(preset: Preset) -> str:
         f"**{html.escape(preset.name)}**: {html.escape(preset.description)}\n\n"
         f"Model: `{model}` · {needs} · Engine: {args}"
     )
-
-
-class PlainSlider(gr.Slider):
-    """A slider that hands its value to the chat function unchecked.
-
-    Gradio's own range check answers API callers "Value 9 is greater than maximum value 2.0"
-    without naming the setting; `SamplingRules.resolve` says which one and what is allowed.
-    """
-
-    is_template = True  # rendered by the browser as a plain Slider
-
-    def preprocess(self, payload: Any) -> Any:
-        return payload
-
-
-class PlainNumber(gr.Number):
-    """A number box that hands its value to the chat function unchecked (see PlainSlider)."""
-
-    is_template = True
-
-    def preprocess(self, payload: Any) -> Any:
-        return payload
 
 
 def knob_input(knob: Knob) -> gr.components.Component:
@@ -171,7 +150,8 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
     async def stop(request: gr.Request) -> None:
         service.stop(request.session_hash)
 
-    presets = list(service.catalog.presets)
+    presets = service.preset_names()
+    unavailable = service.unavailable()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
         # The settings are built first so that ChatInterface finds them rendered (it would
         # otherwise put them in its own accordion); the sidebar shows them on the right.
@@ -181,6 +161,9 @@ def build_ui(service: ChatService, *, concurrency_limit: int | None = None, flus
                 info="A model with its engine and sampling settings.",
             )
             card = gr.Markdown(preset_card(default), elem_id="preset-card")
+            if unavailable:
+                with gr.Accordion(f"Unavailable here ({len(unavailable)})", open=False):
+                    gr.Markdown("\n".join(f"- {html.escape(reason)}" for reason in unavailable.values()))
             system_prompt = gr.Textbox(
                 value=default.system_prompt, label="System prompt", lines=2, elem_id="system-prompt",
                 info="Instructions the model reads before the conversation.",

@@ -16,8 +16,10 @@ REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
 REPLY_TITLE = "#chatbot .bot-row .thought .title"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped: Playwright's sync API holds an event loop in this thread until it stops,
+    which the async tests of later modules need free."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

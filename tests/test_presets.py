@@ -1,0 +1,161 @@
+"""Preset files: every mistake is reported precisely, and one bad file never hides the good ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chat.errors import PresetError
+from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
+from tests.conftest import ROOT
+
+GOOD = """\
+name: Tiny
+description: A tiny test preset.
+model: embedded
+engine:
+  max_model_len: 1024
+  kv_cache_memory_bytes: 268435456
+sampling:
+  temperature: 0.2
+  max_tokens: {default: 64, max: 512}
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(PresetError) as caught:
+        load_preset(path)
+    return caught.value.message.replace(str(path.parent) + "/", "")
+
+
+def test_a_good_preset_loads_with_its_ranges(tmp_path):
+    preset = load_preset(write(tmp_path, "tiny.yaml", GOOD))
+    assert preset.name == "Tiny" and preset.model_kind == "embedded"
+    assert preset.sampling.defaults.temperature == 0.2
+    assert preset.sampling.knob("max_tokens").maximum == 512
+    assert preset.non_default_engine_args() == {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
+
+
+def test_unknown_engine_key_suggests_the_closest_valid_one(tmp_path):
+    path = write(tmp_path, "qwen.yaml", GOOD.replace("max_model_len: 1024", "max_num_seq: 8"))
+    assert error_of(path) == "qwen.yaml, line 5: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?"
+
+
+def test_engine_value_of_the_wrong_type(tmp_path):
+    path = write(tmp_path, "bad.yaml", GOOD.replace("max_model_len: 1024", "max_model_len: lots"))
+    assert error_of(path).startswith("bad.yaml, line 5: engine.max_model_len must be a whole number; it is 'lots'")
+
+
+def test_unknown_top_level_key_suggests_the_closest_valid_one(tmp_path):
+    path = write(tmp_path, "typo.yaml", GOOD.replace("description:", "descripton:"))
+    assert error_of(path) == "typo.yaml, line 2: unknown key 'descripton' - did you mean 'description'?"
+
+
+def test_a_missing_required_key(tmp_path):
+    path = write(tmp_path, "nomodel.yaml", GOOD.replace("model: embedded\n", ""))
+    assert error_of(path) == "nomodel.yaml: the key 'model' is required."
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "broken.yaml", GOOD + "sampling: [unclosed\n")
+    assert error_of(path).startswith("broken.yaml, line 11: this is not valid YAML")
+
+
+def test_a_missing_model_folder(tmp_path):
+    path = write(tmp_path, "local.yaml", GOOD.replace("model: embedded", "model: ./models/nowhere"))
+    message = error_of(path)
+    assert message.startswith("local.yaml, line 3: the model folder ./models/nowhere does not exist (looked in ")
+
+
+def test_an_unknown_sampling_setting(tmp_path):
+    path = write(tmp_path, "samp.yaml", GOOD.replace("temperature: 0.2", "temprature: 0.2"))
+    assert error_of(path) == "samp.yaml, line 8: unknown sampling setting 'temprature' - did you mean 'temperature'?"
+
+
+def test_a_sampling_default_outside_what_the_engine_accepts(tmp_path):
+    path = write(tmp_path, "hot.yaml", GOOD.replace("temperature: 0.2", "temperature: 4"))
+    assert error_of(path) == "hot.yaml, line 7: sampling: Temperature must be a number from 0 to 2; it was 4.0."
+
+
+def test_model_key_under_engine_is_refused(tmp_path):
+    path = write(tmp_path, "dup.yaml", GOOD.replace("engine:\n", "engine:\n  model: foo/bar\n"))
+    assert "engine key 'model' belongs at the top level" in error_of(path)
+
+
+def test_duplicate_names_keep_the_first_and_report_the_second(tmp_path):
+    write(tmp_path, "a.yaml", GOOD)
+    write(tmp_path, "b.yaml", GOOD)
+    catalog = load_presets(tmp_path)
+    assert list(catalog.presets) == ["Tiny"]
+    assert catalog.problems["b"].endswith("the name 'Tiny' is already used by " + str(tmp_path / "a.yaml") + "; give each preset its own name.")
+
+
+def test_one_bad_file_never_hides_the_good_ones(tmp_path):
+    write(tmp_path, "good.yaml", GOOD)
+    write(tmp_path, "bad.yaml", "name: [")
+    catalog = load_presets(tmp_path)
+    assert list(catalog.presets) == ["Tiny"] and list(catalog.problems) == ["bad"]
+    with pytest.raises(PresetError, match="not valid YAML"):
+        catalog.get("bad")
+
+
+def test_presets_sharing_model_and_engine_have_one_engine_key():
+    catalog = load_presets()
+    default = catalog.get("smollm2-135m-cpu")
+    deterministic = catalog.get("smollm2-135m-cpu-deterministic")
+    assert default.engine_key == deterministic.engine_key
+    assert default.sampling.defaults != deterministic.sampling.defaults
+    assert catalog.get("qwen2.5-7b-low-latency").engine_key != catalog.get("qwen2.5-7b-high-throughput").engine_key
+
+
+def test_bundled_presets_are_all_valid_and_describe_themselves():
+    catalog = load_presets(DEFAULT_PRESETS_DIR)
+    assert catalog.problems == {}
+    assert len(catalog.presets) >= 7
+    for preset in catalog.presets.values():
+        assert preset.description.endswith(".")
+    tags = {tag for preset in catalog.presets.values() for tag in preset.tags}
+    assert {"deterministic", "latency", "throughput", "multi-node", "seed-article"} <= tags
+
+
+def test_gpu_presets_are_unusable_without_a_gpu_and_say_why():
+    catalog = load_presets()
+    usable = catalog.usable(has_gpu=False)
+    assert all(not p.needs_gpu for p in usable.values()) and "SmolLM2 135M (CPU)" in usable
+    reasons = catalog.unusable(has_gpu=False)
+    assert reasons["Qwen2.5 7B (1 GPU, low latency)"] == "Qwen2.5 7B (1 GPU, low latency) needs an NVIDIA GPU; this machine has none."
+
+
+def run_app(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "app.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_check_presets_prints_each_problem_and_fails(tmp_path):
+    write(tmp_path, "good.yaml", GOOD)
+    write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
+    result = run_app("--check-presets", "--presets-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in result.stdout
+    assert "1 valid, 1 invalid preset file(s)." in result.stdout
+
+
+def test_check_presets_passes_on_the_bundled_presets():
+    result = run_app("--check-presets")
+    assert result.returncode == 0, result.stdout
+    assert "0 invalid" in result.stdout
+
+
+def test_list_presets_names_each_with_its_file(tmp_path):
+    write(tmp_path, "tiny.yaml", GOOD)
+    result = run_app("--list-presets", "--presets-dir", str(tmp_path))
+    assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -61,8 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in catalog.problems.values():
         log.warning("Preset unavailable: %s", problem)
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
+    from chat import metrics
+    from chat.auth import Login
     from chat.engine import EngineRegistry, on_cpu
     from chat.errors import PresetError
+    from chat.monitor import Monitor
     from chat.service import ChatService
     from chat.ui import build_ui
     from chat.web import routes
@@ -74,7 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget = (budget * 1e9) if budget else psutil.virtual_memory().total / 2
     else:
         budget = budget or 1.0
-    registry = EngineRegistry(memory_budget=budget)
+    try:
+        login = Login.parse(args.auth)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    registry = EngineRegistry(memory_budget=budget, max_waiting=args.max_waiting)
     try:
         default = catalog.get(args.preset)
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu())
@@ -82,12 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PresetError as exc:
         print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
         return 2
-    demo = build_ui(service, concurrency_limit=args.concurrency_limit or None)
+    monitor = Monitor(registry)
+    demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
         registry.start(default)  # in the background; the page is usable while it loads
+        loop = asyncio.get_running_loop()
+        background = [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
         yield
+        for task in background:
+            task.cancel()
         await registry.close_all()
 
     signal.signal(signal.SIGTERM, _interrupt)
@@ -97,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_name=args.host,
         server_port=args.port,
         share=args.share,
+        auth=login.accounts if login else None,
         show_error=False,
-        app_kwargs={"lifespan": lifespan, "routes": routes(service)},
+        app_kwargs={"lifespan": lifespan, "routes": [*routes(service), *metrics.routes(login)]},
     )
     return 0
 

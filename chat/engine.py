@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chat import metrics
 from chat.errors import ChatError, EngineBusy, EngineError, EngineFailed
 from chat.models import resolve_model, weights_bytes
 from chat.presets import Preset
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_DELAYS_S = (5.0, 15.0, 60.0, 300.0)  # after a failed start, back off before trying again
+RESTART_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 300.0)  # after consecutive crashes, wait this long to restart
+HEALTHY_UPTIME_S = 300.0  # an engine that ran this long before dying starts its back-off afresh
+RESTARTING = "The model's engine stopped working and is being restarted; your next message will wait for it."
 
 
 class EngineState(enum.Enum):
@@ -49,6 +53,7 @@ class EngineLoad:
     kv_cache_usage: float = 0.0  # 0..1
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    generated_tokens: int = 0  # since the engine started
 
 
 def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
@@ -60,6 +65,8 @@ def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
             pass
 
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if iteration_stats is not None:
+                load.generated_tokens += iteration_stats.num_generation_tokens
             if scheduler_stats is None:
                 return
             load.running = scheduler_stats.num_running_reqs
@@ -93,6 +100,8 @@ class Engine:
     llm: AsyncLLM | None = None
     model_dir: Path | None = None
     max_model_len: int = 0
+    max_num_seqs: int = 0
+    max_waiting: int = 256  # streams beyond max_num_seqs that may wait; more are refused at once
     memory_need: float = 0.0  # in the budget's unit: bytes on CPU, a share of GPU memory on GPU
     load: EngineLoad = field(default_factory=EngineLoad)
     streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it
@@ -102,6 +111,8 @@ class Engine:
     failures: int = 0
     retry_at: float = 0.0
     refusal: EngineBusy | None = None  # why it was not started (no room); asking again may work
+    start_delay_s: float = 0.0  # a restart after a crash waits this long first
+    on_death: Callable[[Engine], object] | None = None  # set by the registry: restart it
     _task: asyncio.Task | None = None
 
     @property
@@ -115,7 +126,8 @@ class Engine:
     def status(self) -> str:
         """One line for people: what this engine is doing."""
         if self.state is EngineState.STARTING:
-            return f"Starting the engine for {self.preset.name}: {self.phase}… {time.monotonic() - self.started_at:.0f} s"
+            verb = "Restarting" if self.start_delay_s else "Starting"
+            return f"{verb} the engine for {self.preset.name}: {self.phase}… {time.monotonic() - self.started_at:.0f} s"
         if self.state is EngineState.FAILED:
             return self.error or "The engine failed to start."
         if self.state is EngineState.CLOSED:
@@ -163,6 +175,7 @@ class Engine:
         log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_load_recorder(self.load)])
         self.max_model_len = self.llm.model_config.max_model_len
+        self.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
 
     def _report(self, line: str) -> None:
         self.phase = line[0].lower() + line[1:] if line else line
@@ -179,9 +192,10 @@ class Engine:
 class EngineRegistry:
     """The engines of this process, keyed by configuration, within one memory budget."""
 
-    def __init__(self, memory_budget: float | None = None) -> None:
+    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
         self._engines: dict[str, Engine] = {}
         self.memory_budget = memory_budget  # None: no limit
+        self.max_waiting = max_waiting
 
     def __iter__(self):
         return iter(list(self._engines.values()))
@@ -198,10 +212,37 @@ class EngineRegistry:
         if engine is not None and engine.state is not EngineState.CLOSED:
             return engine
         failures = 0 if engine is None else engine.failures
-        engine = Engine(preset=preset, failures=failures)
-        self._engines[preset.engine_key] = engine
-        engine._task = asyncio.get_running_loop().create_task(self._run_start(engine), name=f"start {preset.name}")
+        return self._launch(Engine(preset=preset, failures=failures))
+
+    def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
+        engine.on_death = self.restart
+        engine.max_waiting = self.max_waiting
+        self._engines[engine.key] = engine
+        engine._task = asyncio.get_running_loop().create_task(
+            self._run_start(engine, replacing), name=f"start {engine.preset.name}"
+        )
         return engine
+
+    def restart(self, dead: Engine) -> Engine:
+        """Replace an engine whose process died; requests meanwhile wait for the new one."""
+        current = self._engines.get(dead.key)
+        if current is not dead:
+            return current or self.start(dead.preset)  # already being replaced
+        dead.state, dead.error = EngineState.FAILED, RESTARTING
+        healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
+        crashes = 1 if healthy else dead.failures + 1
+        delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
+        log.error("The engine for %r died; restarting it in %.0f s (crash %d in a row)", dead.preset.name, delay, crashes)
+        metrics.ENGINE_RESTARTS.labels(dead.preset.name).inc()
+        return self._launch(Engine(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
+
+    async def watch(self, every_s: float = 2.0) -> None:
+        """Notice engines whose process died while idle (a stream notices at once by itself)."""
+        while True:
+            await asyncio.sleep(every_s)
+            for engine in list(self._engines.values()):
+                if engine.state is EngineState.READY and engine.llm is not None and engine.llm.errored:
+                    self.restart(engine)
 
     async def get(self, preset: Preset) -> Engine:
         """The preset's engine, ready; starts it (once) if needed."""
@@ -210,10 +251,19 @@ class EngineRegistry:
         engine.last_used = time.monotonic()
         return engine
 
-    async def _run_start(self, engine: Engine) -> None:
+    async def _run_start(self, engine: Engine, replacing: Engine | None = None) -> None:
         loop = asyncio.get_running_loop()
         make_room = functools.partial(self._make_room_threadsafe, loop)
         try:
+            if replacing is not None:
+                engine.phase = "cleaning up after the crash"
+                try:
+                    await asyncio.to_thread(replacing.shutdown)
+                except Exception:
+                    log.warning("Shutting down the dead engine for %r failed", replacing.preset.name, exc_info=True)
+            if engine.start_delay_s:
+                engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
+                await asyncio.sleep(engine.start_delay_s)
             await asyncio.to_thread(engine._build, make_room)
         except EngineBusy as exc:
             engine.refusal, engine.state = exc, EngineState.CLOSED
@@ -228,7 +278,6 @@ class EngineRegistry:
         else:
             engine.state = EngineState.READY
             engine.ready_at = time.monotonic()
-            engine.failures = 0
             log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
 
     def _mark_failed(self, engine: Engine, message: str) -> None:
@@ -287,9 +336,8 @@ class EngineRegistry:
 
 
 def engine_failed(engine: Engine, exc: BaseException) -> EngineFailed:
-    """Mark an engine whose process died and say so plainly; the next request restarts it."""
-    engine.state = EngineState.FAILED
-    engine.error = "The model's engine stopped working and is being restarted; please try again in a minute."
-    engine.retry_at = 0.0
-    log.error("Engine for %r died: %s", engine.preset.name, exc)
-    return EngineFailed(engine.error)
+    """An engine's process died under a stream: have it restarted, and say so plainly."""
+    log.error("Engine for %r died under a stream: %r", engine.preset.name, exc)
+    if engine.on_death is not None and engine.state is EngineState.READY:
+        engine.on_death(engine)
+    return EngineFailed(RESTARTING)

@@ -19,12 +19,21 @@ def is_annotation(message: Mapping[str, Any]) -> bool:
     return bool(metadata.get("title"))
 
 
+def clean_text(text: str) -> str:
+    """Text the tokenizer can take: lone surrogates (not valid Unicode) become U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def text_of(content: Any) -> str:
     """The text of a message's content, whichever shape Gradio gave it."""
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return clean_text(content)
     if isinstance(content, Mapping):
         if content.get("type") == "text":
             return str(content.get("text", ""))
@@ -53,11 +62,11 @@ def to_model_messages(
         if role == "user" and _unanswered(items, index):
             continue
         kept.append((role, text_of(item.get("content"))))
-    kept.append(("user", message))
+    kept.append(("user", clean_text(message)))
 
     messages: list[Message] = []
     if system_prompt.strip():
-        messages.append({"role": "system", "content": system_prompt.strip()})
+        messages.append({"role": "system", "content": clean_text(system_prompt.strip())})
     for role, text in kept:
         if not text.strip():
             continue

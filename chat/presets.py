@@ -28,6 +28,7 @@ EMBEDDED = "embedded"
 DEFAULT_PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 # Keys a preset sets elsewhere, so they may not appear under `engine:`.
 _RESERVED_ENGINE_KEYS = {"model": "model"}
+MAX_PRESET_BYTES = 64 * 1024
 _HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -225,6 +226,8 @@ def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
 def load_preset(path: Path) -> Preset:
     shown = _shown_path(path)
     try:
+        if path.stat().st_size > MAX_PRESET_BYTES:
+            raise PresetError(f"{shown}: the file is larger than {MAX_PRESET_BYTES // 1024} KB; a preset is a few lines.")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PresetError(f"{shown}: cannot read the file ({exc}).") from exc
@@ -237,6 +240,9 @@ def load_preset(path: Path) -> Preset:
         raise PresetError(f"{shown}{where}: this is not valid YAML ({exc.problem or exc.context}).") from exc
     except yaml.YAMLError as exc:
         raise PresetError(f"{shown}: this is not valid YAML ({exc}).") from exc
+    alias_line = _first_alias_line(root)
+    if alias_line:
+        raise PresetError(f"{shown}, line {alias_line}: YAML anchors and aliases are not allowed in presets; write the values out.")
     if not isinstance(data, dict):
         raise PresetError(f"{shown}: a preset is a YAML mapping of keys (name, description, model, ...).")
 
@@ -318,6 +324,23 @@ def load_preset(path: Path) -> Preset:
         examples=tuple(spec.examples),
         path=path.resolve(),
     )
+
+
+def _first_alias_line(node: yaml.Node | None) -> int | None:
+    """The line of the first anchored node used twice (aliases can nest into a 'billion laughs')."""
+    seen: set[int] = set()
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            return current.start_mark.line + 1
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                stack.extend((key, value))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+    return None
 
 
 def _keys_at(loc: Sequence[str | int]) -> list[str]:

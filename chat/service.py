@@ -44,7 +44,7 @@ class ChatService:
     def unavailable(self) -> dict[str, str]:
         return self.catalog.unusable(self.has_gpu)
 
-    def check_message(self, message: str) -> str:
+    def check_message(self, message: object, system_prompt: object = "") -> str:
         """The message as it will be sent, or InputError saying what to change."""
         if not isinstance(message, str) or not message.strip():
             raise InputError("Type a message first.")
@@ -52,6 +52,13 @@ class ChatService:
             raise InputError(
                 f"Your message is {len(message):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
                 "Shorten it and send it again."
+            )
+        if not isinstance(system_prompt, str | None):
+            raise InputError("The system prompt must be text.")
+        if system_prompt and len(system_prompt) > MAX_MESSAGE_CHARS:
+            raise InputError(
+                f"The system prompt is {len(system_prompt):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
+                "Shorten it and send your message again."
             )
         return message
 

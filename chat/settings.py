@@ -43,6 +43,11 @@ SETTINGS: tuple[Setting, ...] = (
             bool),
     Setting("concurrency_limit", ("CHAT_CONCURRENCY_LIMIT",), 0,
             "Most replies written at once; 0 means no limit, so vLLM batches every user together.", int),
+    Setting("auth", ("CHAT_AUTH",), "",
+            "Require a login for the UI and the API: user:password, several separated by commas. Off by default."),
+    Setting("max_waiting", ("CHAT_MAX_WAITING",), 256,
+            "Requests that may wait for a free engine slot; beyond it new ones are refused at once with a busy message.",
+            int),
     Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",

@@ -19,8 +19,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from chat import metrics
 from chat.engine import Engine, engine_failed
-from chat.errors import EngineError, InputError, SettingsError
+from chat.errors import EngineBusy, EngineError, InputError, SettingsError
 from chat.history import Message
 from chat.presets import Preset
 from chat.sampling import Sampling
@@ -29,6 +30,8 @@ from chat.stats import Finish, ReplyProgress, ReplyStats
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 30.0  # no new token for this long: the request is given up
+TOTAL_TIMEOUT_S = 600.0  # and no reply may take longer than this in all
+BUSY = "The demo is busy, try again in a moment."
 
 
 def sampling_params(sampling: Sampling, max_tokens: int) -> Any:
@@ -87,6 +90,7 @@ class Reply:
         self.request_id = request_id or f"chat-{uuid.uuid4().hex}"
         self.submitted_at = time.monotonic() if submitted_at is None else submitted_at
         self.idle_timeout_s = idle_timeout_s or preset.timeout_s or DEFAULT_IDLE_TIMEOUT_S
+        self.total_timeout_s = max(TOTAL_TIMEOUT_S, self.idle_timeout_s)
         self.text = ""
         self.progress = ReplyProgress(max_tokens=sampling.max_tokens, started=self.submitted_at)
         self.stats: ReplyStats | None = None
@@ -119,10 +123,14 @@ class Reply:
         llm = engine.llm
         if llm is None:
             raise EngineError(engine.error or "The engine is not running; please try again.")
+        if len(engine.streams) >= engine.max_num_seqs + engine.max_waiting:
+            metrics.rejected(self.preset.name, "busy")
+            raise EngineBusy(BUSY)
         prompt = await render_prompt(engine, self.messages)
         self._prompt_tokens = prompt_tokens = len(prompt["prompt_token_ids"])
         room = engine.max_model_len - prompt_tokens
         if room < 1:
+            metrics.rejected(self.preset.name, "input")
             raise InputError(
                 f"Your conversation is {prompt_tokens:,} tokens; this model accepts {engine.max_model_len:,}. "
                 "Start a new chat or shorten your message."
@@ -130,18 +138,27 @@ class Reply:
         params = sampling_params(self.sampling, max_tokens=min(self.sampling.max_tokens, room))
         finish = Finish.ERROR
         engine.streams[self.request_id] = lambda reason: self._end(Finish.UNLOADED, reason)
+        in_flight = metrics.STREAMS_IN_FLIGHT.labels(self.preset.name)
+        inter_token = metrics.INTER_TOKEN_LATENCY.labels(self.preset.name)
+        in_flight.inc()
         loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.total_timeout_s
+        last_arrival = 0.0
         try:
             async with asyncio.timeout(self.idle_timeout_s) as deadline, contextlib.aclosing(
                 llm.generate(prompt, params, self.request_id)
             ) as outputs:
                 async for out in outputs:
-                    deadline.reschedule(loop.time() + self.idle_timeout_s)
+                    deadline.reschedule(min(loop.time() + self.idle_timeout_s, give_up_at))
                     completion = out.outputs[0]
                     if completion.token_ids:
                         now = time.monotonic()
                         if self.progress.first_token_at is None:
                             self.progress.first_token_at = now
+                            metrics.first_token(self.preset.name, now - self.submitted_at)
+                        else:
+                            inter_token.observe(now - last_arrival)
+                        last_arrival = now
                         self.progress.tokens += len(completion.token_ids)
                     if completion.text:
                         self.text += completion.text
@@ -152,10 +169,13 @@ class Reply:
                         finish = self._finish_of(completion.finish_reason, completion.stop_reason, params.max_tokens)
         except TimeoutError:
             finish = Finish.TIMED_OUT
-            self.notice = (
-                f"The model produced nothing for {self.idle_timeout_s:.0f} s, so this reply was stopped; "
-                "the demo may be very busy, please try again."
-            )
+            if loop.time() >= give_up_at:
+                self.notice = f"This reply took longer than {self.total_timeout_s:.0f} s in all, so it was stopped."
+            else:
+                self.notice = (
+                    f"The model produced nothing for {self.idle_timeout_s:g} s, so this reply was stopped; "
+                    "the demo may be very busy, please try again."
+                )
         except asyncio.CancelledError:
             finish = Finish.STOPPED_BY_USER
             raise
@@ -169,9 +189,11 @@ class Reply:
             log.exception("Request %s failed in the engine", self.request_id)
             raise EngineError("The engine could not write this reply; please try again.") from exc
         finally:
+            in_flight.dec()
             engine.streams.pop(self.request_id, None)
             engine.last_used = time.monotonic()
             self.stats = self._stats(finish)
+            metrics.reply_finished(self.stats)
 
     def _finish_of(self, reason: str | None, stop_reason: Any, max_tokens: int) -> Finish:
         if reason == "abort":

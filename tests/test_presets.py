@@ -159,3 +159,33 @@ def test_list_presets_names_each_with_its_file(tmp_path):
     write(tmp_path, "tiny.yaml", GOOD)
     result = run_app("--list-presets", "--presets-dir", str(tmp_path))
     assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout
+
+
+HOSTILE = [
+    ("billion laughs", 'name: &a ["lol", "lol"]\ndescription: &b [*a, *a]\nmodel: [*b, *b]\n',
+     "bomb.yaml, line 1: YAML anchors and aliases are not allowed in presets; write the values out."),
+    ("python object tag", "name: !!python/object/apply:os.system ['echo pwned']\n", "bomb.yaml, line 1: this is not valid YAML"),
+    ("a list at the top", "- name: x\n", "bomb.yaml: a preset is a YAML mapping of keys (name, description, model, ...)."),
+    ("an empty file", "", "bomb.yaml: a preset is a YAML mapping of keys (name, description, model, ...)."),
+    ("a huge file", "# " + "x" * 70_000 + "\n", "bomb.yaml: the file is larger than 64 KB; a preset is a few lines."),
+    ("name of the wrong type", GOOD.replace("name: Tiny", "name: [1, 2]"), "bomb.yaml, line 1: name: input should be a valid string; it is [1, 2]"),
+    ("engine not a mapping", GOOD.replace("engine:\n  max_model_len: 1024\n  kv_cache_memory_bytes: 268435456\n", "engine: 5\n"),
+     "bomb.yaml, line 4: engine: input should be a valid dictionary; it is 5"),
+    ("engine boolean as text", GOOD.replace("max_model_len: 1024", "enforce_eager: 'yes'"), "bomb.yaml, line 5: engine.enforce_eager must be true or false; it is 'yes'"),
+    ("a model name that is a shell command", GOOD.replace("model: embedded", "model: $(rm -rf /)"),
+     "bomb.yaml, line 3: model '$(rm -rf /)' is neither 'embedded', a folder (start it with ./ or /) nor a Hugging Face repo id like Qwen/Qwen2.5-7B-Instruct."),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [case[1:] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_hostile_preset_files_are_refused_precisely(tmp_path, text, expected):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    message = error_of(path)
+    assert message.startswith(expected), message
+
+
+def test_a_file_that_is_not_text_is_refused(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x01garbage")
+    assert error_of(path).startswith("binary.yaml: cannot read the file")

@@ -1,0 +1,73 @@
+"""Prometheus metrics: the app's own, beside vLLM's engine metrics, served at /metrics.
+
+vLLM registers its `vllm:*` metrics (time to first token, inter-token latency, queue time,
+requests running and waiting, KV-cache use, generated tokens) in prometheus_client's default
+registry; the app adds what only it sees: what the reader waited for, and how each reply ended.
+Recording is a few dictionary lookups per token: cheap enough for the streaming path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from chat.auth import Login
+from chat.stats import ReplyStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
+
+STREAMS_IN_FLIGHT = Gauge("chat_streams_in_flight", "Replies being streamed to readers now.", ["preset"])
+TIME_TO_FIRST_TOKEN = Histogram(
+    "chat_time_to_first_token_seconds",
+    "From a message arriving at the app to its first token, as the app saw it.",
+    ["preset"],
+    buckets=_LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "chat_inter_token_latency_seconds",
+    "Gap between consecutive streamed chunks of one reply, as the app saw it.",
+    ["preset"],
+    buckets=_LATENCY_BUCKETS,
+)
+REPLIES = Counter(
+    "chat_replies_total",
+    "Replies by how they ended: finished, max_tokens, context_full, stopped_by_user, disconnected, "
+    "timed_out, engine_failed, unloaded, error.",
+    ["preset", "finish"],
+)
+REJECTED = Counter(
+    "chat_requests_rejected_total",
+    "Requests refused before generating, by reason: busy, input (too long), or the error's kind.",
+    ["preset", "reason"],
+)
+ENGINE_RESTARTS = Counter("chat_engine_restarts_total", "Engines restarted after their process died.", ["preset"])
+
+
+RECENT_FIRST_TOKENS: deque[tuple[float, str, float]] = deque(maxlen=10_000)  # (monotonic, preset, s)
+
+
+def first_token(preset: str, seconds: float) -> None:
+    TIME_TO_FIRST_TOKEN.labels(preset).observe(seconds)
+    RECENT_FIRST_TOKENS.append((time.monotonic(), preset, seconds))
+
+
+def reply_finished(stats: ReplyStats) -> None:
+    REPLIES.labels(stats.preset, stats.finish.name.lower()).inc()
+
+
+def rejected(preset: str, reason: str) -> None:
+    REJECTED.labels(preset, reason).inc()
+
+
+def routes(login: Login | None = None) -> list[BaseRoute]:
+    async def metrics(request: Request) -> Response:
+        if login is not None and not login.allows(request):
+            return Response("Log in first.", status_code=401, headers={"WWW-Authenticate": 'Basic realm="chat"'})
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/metrics", metrics, methods=["GET"])]

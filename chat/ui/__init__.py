@@ -1,0 +1,23 @@
+"""The browser UI (the only package that imports Gradio): Chat and Monitor tabs, settings on the right."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from chat.monitor import Monitor
+from chat.service import ChatService
+from chat.ui.chat_tab import chat_tab, settings_sidebar
+from chat.ui.monitor_tab import monitor_tab
+
+
+def build_ui(
+    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None, flush_s: float = 0.04
+) -> gr.Blocks:
+    with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
+        settings = settings_sidebar(service)  # first, so the chat finds its inputs already rendered
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                chat_tab(service, settings, concurrency_limit=concurrency_limit, flush_s=flush_s)
+            with gr.Tab("Monitor", id="monitor"):
+                monitor_tab(monitor)
+    return demo

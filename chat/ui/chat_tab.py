@@ -1,0 +1,175 @@
+"""The Chat tab: a streaming chat, presets, sampling sliders, and stats beneath every reply."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from chat import metrics
+from chat.errors import UNEXPECTED_ERROR, ChatError
+from chat.history import to_model_messages
+from chat.presets import Preset
+from chat.sampling import KNOB_NAMES, Knob
+from chat.service import ChatService
+from chat.stream import Reply, paced
+from chat.ui.components import PlainNumber, PlainSlider
+from chat.ui.messages import PROBLEM, WAITING, annotation, preset_card, reply_messages, stats_annotation
+
+log = logging.getLogger(__name__)
+
+def knob_input(knob: Knob) -> gr.components.Component:
+    if knob.name == "seed":
+        return PlainNumber(
+            value=knob.default, label=knob.label, info=knob.help, precision=0,
+            minimum=knob.minimum, maximum=knob.maximum, elem_id=f"knob-{knob.name}",
+        )
+    return PlainSlider(
+        minimum=knob.minimum, maximum=knob.maximum, value=knob.default, step=knob.step,
+        label=knob.label, info=knob.help, elem_id=f"knob-{knob.name}",
+    )
+
+
+@dataclass
+class Settings:
+    """The sidebar's inputs, in the order the chat function takes them."""
+
+    preset: gr.Dropdown
+    card: gr.Markdown
+    system_prompt: gr.Textbox
+    knobs: list[gr.components.Component]
+
+    @property
+    def inputs(self) -> list[gr.components.Component]:
+        return [self.preset, self.system_prompt, *self.knobs]
+
+
+def settings_sidebar(service: ChatService) -> Settings:
+    """Preset, its card, the system prompt and the sampling settings, on the right."""
+    default = service.preset(None)
+    unavailable = service.unavailable()
+    with gr.Sidebar(position="right", width=340, open=True, label="Settings"):
+        preset = gr.Dropdown(
+            choices=service.preset_names(), value=default.name, label="Preset", elem_id="preset",
+            info="A model with its engine and sampling settings.",
+        )
+        card = gr.Markdown(preset_card(default), elem_id="preset-card")
+        if unavailable:
+            with gr.Accordion(f"Unavailable here ({len(unavailable)})", open=False):
+                gr.Markdown("\n".join(f"- {html.escape(reason)}" for reason in unavailable.values()))
+        system_prompt = gr.Textbox(
+            value=default.system_prompt, label="System prompt", lines=2, elem_id="system-prompt",
+            info="Instructions the model reads before the conversation.",
+        )
+        with gr.Accordion("Sampling settings", open=True):
+            knobs = [knob_input(knob) for knob in default.sampling.knobs]
+    return Settings(preset, card, system_prompt, knobs)
+
+
+def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int | None, flush_s: float) -> None:
+    """The chat itself, with Stop and the engine's load beneath it."""
+    default = service.preset(None)
+    assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
+    async def respond(
+        message: str,
+        history: list[dict[str, Any]],
+        preset_name: str,
+        system_prompt: str,
+        temperature: float,
+        top_p: float,
+        top_k: float,
+        max_tokens: float,
+        repetition_penalty: float,
+        seed: float,
+        request: gr.Request,
+    ) -> AsyncIterator[list[gr.ChatMessage]]:
+        submitted = time.monotonic()
+        session = request.session_hash if request is not None else None
+        values = dict(zip(KNOB_NAMES, (temperature, top_p, top_k, max_tokens, repetition_penalty, seed), strict=True))
+        reply: Reply | None = None
+        try:
+            text = service.check_message(message, system_prompt)
+            preset = service.preset(preset_name)
+            preset.sampling.resolve(values)  # fail fast, before waiting for an engine
+            async for status in service.engine_progress(preset):
+                yield [annotation(f"{WAITING} {status}", pending=True)]
+            engine = await service.engine(preset)
+            messages = to_model_messages(history, text, system_prompt if system_prompt is not None else preset.system_prompt)
+            reply = service.open_reply(engine, preset, messages, values, session=session, submitted_at=submitted)
+            async with contextlib.aclosing(paced(reply, flush_s=flush_s)) as redraws:
+                async for _ in redraws:
+                    line = reply.progress.line(time.monotonic())
+                    yield reply_messages(reply, annotation(f"{WAITING} {line}", pending=True))
+            assert reply.stats is not None
+            yield reply_messages(reply, stats_annotation(reply.stats, reply.notice))
+        except ChatError as exc:
+            if reply is None:  # refused before reaching the engine (the stream counts its own)
+                metrics.rejected(str(preset_name), type(exc).__name__)
+            yield reply_messages(reply, annotation(f"{PROBLEM} {exc.message}"))
+        except Exception:
+            log.exception("Unexpected error while replying")
+            yield reply_messages(reply, annotation(f"{PROBLEM} {UNEXPECTED_ERROR}"))
+        finally:
+            if reply is not None:
+                service.close_reply(session, reply)
+
+    async def on_preset_change(name: str) -> list[Any]:
+        preset = service.preset(name)
+        updates: list[Any] = [title_of(preset), preset_card(preset), preset.system_prompt]
+        for knob in preset.sampling.knobs:
+            updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=knob.default))
+        return updates
+
+    async def warm_up(name: str) -> str:
+        """Start loading the chosen preset's engine as soon as it is picked."""
+        preset = service.preset(name)
+        return service.registry.start(preset).status()
+
+    async def engine_status(name: str) -> str:
+        try:
+            preset = service.preset(name)
+        except ChatError as exc:
+            return exc.message
+        engine = service.registry.peek(preset)
+        return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
+
+    async def stop(request: gr.Request) -> None:
+        service.stop(request.session_hash)
+
+    title = gr.Markdown(title_of(default), elem_id="title")
+    gr.ChatInterface(
+        fn=respond,
+        additional_inputs=settings.inputs,
+        chatbot=gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420),
+        textbox=gr.Textbox(
+            elem_id="message", placeholder="Type a message and press Enter", show_label=False,
+            submit_btn=True, stop_btn=False, autofocus=True, scale=7,
+        ),
+        concurrency_limit=concurrency_limit,
+        save_history=True,
+        editable=True,
+        examples=[[example] for example in default.examples] or None,
+        fill_height=True,
+        api_name="chat",
+        validator=lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first."),
+    )
+    with gr.Row():
+        stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=120)
+        status = gr.Markdown("Engine: starting…", elem_id="engine-status")
+
+    internal = {"queue": False, "api_visibility": "undocumented"}
+    stop_button.click(stop, None, None, **internal)
+    settings.preset.change(
+        on_preset_change, [settings.preset], [title, settings.card, settings.system_prompt, *settings.knobs], **internal
+    ).then(warm_up, [settings.preset], [status], **internal)
+    gr.Timer(2.0).tick(engine_status, [settings.preset], [status], show_progress="hidden", **internal)
+
+
+def title_of(preset: Preset) -> str:
+    return f"## {html.escape(preset.name)}\n{html.escape(preset.description)}"

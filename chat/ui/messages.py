@@ -1,0 +1,69 @@
+"""How replies, stats, progress and problems look in the chat.
+
+Each reply is two messages in one bubble: the model's text, then an annotation whose title is the
+stats line (visible without clicking; the details open beneath it). Annotations carry a metadata
+title, which is how `chat.history` knows never to send them back to the model.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import gradio as gr
+
+from chat.presets import Preset
+from chat.stats import ReplyStats
+from chat.stream import Reply
+
+STATS = "📊"
+WAITING = "⏳"
+PROBLEM = "⚠️"
+
+
+def annotation(title: str, body: str = "", pending: bool = False) -> gr.ChatMessage:
+    return gr.ChatMessage(
+        role="assistant",
+        content=body,
+        metadata={"title": title, "status": "pending" if pending else "done"},
+    )
+
+
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(")
+
+
+def shown_text(text: str) -> str:
+    """Model text as displayed: markdown images become plain links, so a reply can never make the
+    reader's browser fetch an address by itself (Gradio already sanitises HTML)."""
+    return _IMAGE.sub(r"[\1](", text)
+
+
+def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[gr.ChatMessage]:
+    messages = []
+    if reply is not None and reply.text:
+        messages.append(gr.ChatMessage(role="assistant", content=shown_text(reply.text)))
+    messages.append(annotation_msg)
+    return messages
+
+
+def stats_annotation(stats: ReplyStats, notice: str | None = None) -> gr.ChatMessage:
+    title = f"{STATS} {stats.summary()}"
+    if notice:
+        title = f"{PROBLEM} {notice} · {stats.summary()}"
+    return annotation(title, stats.details())
+
+
+def preset_card(preset: Preset) -> str:
+    hardware = preset.hardware
+    needs = "runs on a CPU" if hardware.device == "cpu" else f"needs {hardware.gpus} GPU(s)"
+    if hardware.min_gpu_memory_gb:
+        needs += f" with at least {hardware.min_gpu_memory_gb:g} GB of memory each"
+    engine_args = preset.non_default_engine_args()
+    args = ", ".join(f"`{key}: {value}`" for key, value in engine_args.items()) or "vLLM's defaults"
+    model = "SmolLM2-135M-Instruct (embedded)" if preset.model_kind == "embedded" else preset.model
+    return (
+        f"**{html.escape(preset.name)}**: {html.escape(preset.description)}\n\n"
+        f"Model: `{model}` · {needs} · Engine: {args}"
+    )
+
+

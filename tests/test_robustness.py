@@ -1,0 +1,108 @@
+"""Limits, faults and observability on the real engine and the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from chat.errors import EngineBusy
+from chat.stats import Finish
+from tests.conftest import get_json, start_app, stop_app
+from tests.test_stream import engine_idle, reply_to
+
+PRESET = "SmolLM2 135M (CPU)"
+
+
+async def test_a_reply_with_no_progress_is_given_up_with_one_sentence(engine, default_preset):
+    reply = reply_to(engine, default_preset, "Summarise this: " + "the quick brown fox jumps. " * 200, max_tokens=50)
+    reply.idle_timeout_s = 0.05  # reading a 1,500-token prompt takes far longer on a CPU
+    async for _ in reply.stream():
+        pass
+    assert reply.stats.finish is Finish.TIMED_OUT
+    assert reply.notice == (
+        "The model produced nothing for 0.05 s, so this reply was stopped; the demo may be very busy, please try again."
+    )
+    assert await engine_idle(engine)
+
+
+async def test_beyond_the_waiting_limit_a_request_is_refused_at_once(engine, default_preset):
+    saved = engine.max_waiting
+    engine.max_waiting = 2 - engine.max_num_seqs  # room for two streams in all
+    try:
+        running = [reply_to(engine, default_preset, f"Count to {n}.", max_tokens=40).stream() for n in (10, 20)]
+        for stream in running:
+            await anext(stream)
+        refused = reply_to(engine, default_preset, "And me?", max_tokens=4)
+        started = time.monotonic()
+        with pytest.raises(EngineBusy) as caught:
+            await anext(refused.stream())
+        assert caught.value.message == "The demo is busy, try again in a moment."
+        assert time.monotonic() - started < 0.5
+        for stream in running:
+            await stream.aclose()
+    finally:
+        engine.max_waiting = saved
+    assert await engine_idle(engine)
+
+
+def test_metrics_show_the_apps_and_vllms_numbers(client, app_server):
+    client.predict("Say hello.", PRESET, "", 0.0, 0.9, 0, 6, 1.0, 1, api_name="/chat")
+    with urllib.request.urlopen(app_server.url + "metrics", timeout=10) as response:
+        text = response.read().decode()
+    for name in (
+        'chat_replies_total{finish="max_tokens",preset="SmolLM2 135M (CPU)"}',
+        'chat_time_to_first_token_seconds_count{preset="SmolLM2 135M (CPU)"}',
+        "chat_inter_token_latency_seconds_bucket",
+        'chat_streams_in_flight{preset="SmolLM2 135M (CPU)"} 0.0',
+        "vllm:num_requests_running",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:kv_cache_usage_perc",
+    ):
+        assert name in text, name
+
+
+def engine_core_of(process: psutil.Popen | int) -> psutil.Process:
+    for child in psutil.Process(process if isinstance(process, int) else process.pid).children(recursive=True):
+        if child.name().startswith("VLLM::EngineCor"):
+            return child
+    raise AssertionError("no EngineCore process under the app")
+
+
+def test_a_killed_engine_ends_streams_plainly_and_restarts(tmp_path):
+    from gradio_client import Client
+
+    app = start_app("fault")
+    try:
+        client = Client(app.url, verbose=False)
+        job = client.submit("Tell me a very long story about a lighthouse.", PRESET, "", 0.8, 0.9, 0, 800, 1.0, -1, api_name="/chat")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(m.get("content") for m in (job.outputs() or [[]])[-1] if not m.get("metadata")):
+            time.sleep(0.1)
+        victim = engine_core_of(app.process.pid)
+        victim.send_signal(signal.SIGKILL)
+        messages = job.result(timeout=60)
+        assert messages[-1]["metadata"]["title"] == (
+            "⚠️ The model's engine stopped working and is being restarted; your next message will wait for it."
+        )
+        assert messages[0]["content"] and not messages[0].get("metadata")  # the text so far is kept
+        status, body = get_json(app.url + "healthz")
+        assert status == 503 and "Restarting the engine" in body["reason"]
+        # The next message waits for the new engine instead of failing.
+        after = Client(app.url, verbose=False).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
+        assert after[-1]["metadata"]["title"].startswith("📊 ")
+        assert app.health()[0] == 200
+        assert engine_core_of(app.process.pid).pid != victim.pid
+        with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
+            assert f'chat_engine_restarts_total{{preset="{PRESET}"}} 1.0' in response.read().decode()
+    finally:
+        stop_app(app)
+
+
+async def test_the_shared_engine_is_idle_at_the_end(engine):
+    await asyncio.sleep(0)
+    assert await engine_idle(engine)

@@ -37,4 +37,6 @@ def routes(service: ChatService) -> list[BaseRoute]:
             body["reason"] = "; ".join(e["status"] for e in engines) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    return [Route("/healthz", healthz, methods=["GET"])]
+    from chat import api
+
+    return [Route("/healthz", healthz, methods=["GET"]), *api.routes(service)]

@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         share=args.share,
         auth=login.accounts if login else None,
         show_error=False,
-        app_kwargs={"lifespan": lifespan, "routes": [*routes(service), *metrics.routes(login)]},
+        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login), *metrics.routes(login)]},
     )
     return 0
 

@@ -27,6 +27,8 @@ class ChatService:
     default_preset: str
     has_gpu: bool = False
     _replies: dict[str, Reply] = field(default_factory=dict)  # session -> its reply in flight
+    _preparing: set[str] = field(default_factory=set)  # sessions whose reply is not streaming yet
+    _stopped_early: set[str] = field(default_factory=set)  # ... and whose reader already pressed Stop
 
     def preset(self, name: str | None) -> Preset:
         """A preset this machine can run, by name; PresetError says why not otherwise."""
@@ -98,16 +100,35 @@ class ChatService:
         )
         if session:
             self._replies[session] = reply
+            self._preparing.discard(session)
+            if session in self._stopped_early:
+                self._stopped_early.discard(session)
+                reply.stop()
         return reply
 
-    def close_reply(self, session: str | None, reply: Reply) -> None:
-        if session and self._replies.get(session) is reply:
-            del self._replies[session]
+    def preparing(self, session: str | None) -> None:
+        """A reply for this session is on its way (waiting for an engine, say): Stop applies to it."""
+        if session:
+            self._preparing.add(session)
+            self._stopped_early.discard(session)
+
+    def close_reply(self, session: str | None, reply: Reply | None) -> None:
+        if session:
+            self._preparing.discard(session)
+            self._stopped_early.discard(session)
+            if self._replies.get(session) is reply:
+                del self._replies[session]
+
+    def stop_requested(self, session: str | None) -> bool:
+        return bool(session) and session in self._stopped_early
 
     def stop(self, session: str | None) -> bool:
-        """Stop the session's reply in flight; False when there is none."""
+        """Stop the session's reply in flight or on its way; False when there is none."""
         reply = self._replies.get(session or "")
-        if reply is None:
-            return False
-        reply.stop()
-        return True
+        if reply is not None:
+            reply.stop()
+            return True
+        if session in self._preparing:
+            self._stopped_early.add(session)
+            return True
+        return False

@@ -138,6 +138,11 @@ class Reply:
         params = sampling_params(self.sampling, max_tokens=min(self.sampling.max_tokens, room))
         finish = Finish.ERROR
         engine.streams[self.request_id] = lambda reason: self._end(Finish.UNLOADED, reason)
+        if self._ended_by is not None:  # stopped while the prompt was being prepared
+            engine.streams.pop(self.request_id, None)
+            self.stats = self._stats(self._ended_by)
+            metrics.reply_finished(self.stats)
+            return
         in_flight = metrics.STREAMS_IN_FLIGHT.labels(self.preset.name)
         inter_token = metrics.INTER_TOKEN_LATENCY.labels(self.preset.name)
         in_flight.inc()

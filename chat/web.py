@@ -1,4 +1,4 @@
-"""HTTP routes served beside the Gradio UI on the same server: health and engine state."""
+"""HTTP routes served beside the Gradio UI on the same server: health and the WebSocket API."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from chat import api
+from chat.auth import Login
 from chat.engine import EngineState
 from chat.service import ChatService
 
 
-def routes(service: ChatService) -> list[BaseRoute]:
+def routes(service: ChatService, login: Login | None = None) -> list[BaseRoute]:
+    """/healthz (open, for load balancers: states and counts only) and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
         """200 when every loaded engine is ready; 503 with the reason while one starts or failed."""
         engines = []
@@ -37,6 +40,4 @@ def routes(service: ChatService) -> list[BaseRoute]:
             body["reason"] = "; ".join(e["status"] for e in engines) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    from chat import api
-
-    return [Route("/healthz", healthz, methods=["GET"]), *api.routes(service)]
+    return [Route("/healthz", healthz, methods=["GET"]), *api.routes(service, allows=login.allows if login else None)]

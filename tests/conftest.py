@@ -87,7 +87,7 @@ class RunningApp:
 def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240) -> RunningApp:
     OUTPUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log_path = OUTPUT / f"{name}.log"
+    log_path = OUTPUT / f"{name}-{port}.log"  # concurrent test runs must not share a log
     log = open(log_path, "w")  # noqa: SIM115 - kept open for the subprocess's lifetime
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(port), *args],

@@ -85,6 +85,14 @@ async def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(engine
     assert await engine_idle(engine)
 
 
+async def test_stop_pressed_before_the_prompt_is_ready_is_not_lost(engine, default_preset):
+    reply = reply_to(engine, default_preset, "Tell me a very long story about kites.", max_tokens=500)
+    reply.stop()
+    deltas = [delta async for delta in reply.stream()]
+    assert deltas == [] and reply.stats.finish is Finish.STOPPED_BY_USER and reply.stats.generated_tokens == 0
+    assert await engine_idle(engine)
+
+
 async def test_closing_the_stream_like_a_closed_tab_aborts_the_request(engine, default_preset):
     reply = reply_to(engine, default_preset, "Tell me a very long story about ships.", max_tokens=500, temperature=0.7)
     async with contextlib.aclosing(reply.stream()) as deltas:

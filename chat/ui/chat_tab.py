@@ -20,7 +20,7 @@ from chat.sampling import KNOB_NAMES, Knob
 from chat.service import ChatService
 from chat.stream import Reply, paced
 from chat.ui.components import PlainNumber, PlainSlider
-from chat.ui.messages import PROBLEM, WAITING, annotation, preset_card, reply_messages, stats_annotation
+from chat.ui.messages import PROBLEM, STOPPED, WAITING, annotation, preset_card, reply_messages, stats_annotation
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,15 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         session = request.session_hash if request is not None else None
         values = dict(zip(KNOB_NAMES, (temperature, top_p, top_k, max_tokens, repetition_penalty, seed), strict=True))
         reply: Reply | None = None
+        service.preparing(session)
         try:
             text = service.check_message(message, system_prompt)
             preset = service.preset(preset_name)
             preset.sampling.resolve(values)  # fail fast, before waiting for an engine
             async for status in service.engine_progress(preset):
+                if service.stop_requested(session):
+                    yield [annotation(f"{STOPPED} Stopped by you before the reply started.")]
+                    return
                 yield [annotation(f"{WAITING} {status}", pending=True)]
             engine = await service.engine(preset)
             messages = to_model_messages(history, text, system_prompt if system_prompt is not None else preset.system_prompt)
@@ -116,8 +120,7 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
             log.exception("Unexpected error while replying")
             yield reply_messages(reply, annotation(f"{PROBLEM} {UNEXPECTED_ERROR}"))
         finally:
-            if reply is not None:
-                service.close_reply(session, reply)
+            service.close_reply(session, reply)
 
     async def on_preset_change(name: str) -> list[Any]:
         preset = service.preset(name)

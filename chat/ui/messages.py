@@ -18,6 +18,7 @@ from chat.stream import Reply
 
 STATS = "📊"
 WAITING = "⏳"
+STOPPED = "⏹"
 PROBLEM = "⚠️"
 
 

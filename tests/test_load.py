@@ -1,0 +1,74 @@
+"""64 conversations at once through the real HTTP API, a quarter of them abandoned midway."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+import httpx
+import psutil
+
+from bench.gradio_stream import GradioChat
+
+PRESET = "SmolLM2 135M (CPU)"
+
+
+def data(message: str, max_tokens: int) -> list:
+    # /chat's inputs: message, the session's history (server-side state), preset, system prompt, knobs
+    return [message, None, PRESET, "You are a helpful assistant.", 0.7, 0.9, 0, max_tokens, 1.1, -1]
+
+
+def memory_mb(pid: int) -> float:
+    """Resident memory of the app and its engine processes together."""
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 1e6
+
+
+def replies_counted(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        finish: float(value)
+        for finish, value in re.findall(r'chat_replies_total\{finish="(\w+)",preset="SmolLM2 135M \(CPU\)"\} ([\d.]+)', text)
+    }
+
+
+async def run_round(url: str, count: int, abandon_every: int = 0) -> list:
+    limits = httpx.Limits(max_connections=4 * count, max_keepalive_connections=2 * count)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0), limits=limits) as http:
+        client = GradioChat(http, url)
+        jobs = []
+        for i in range(count):
+            leave = None
+            if abandon_every and i % abandon_every == 0:
+                leave = "cancel" if (i // abandon_every) % 2 == 0 else "disconnect"
+            jobs.append(client.chat(data(f"Conversation {i}: name {i % 7 + 2} colours.", 24), leave=leave))
+        return await asyncio.gather(*jobs)
+
+
+def test_64_conversations_with_a_quarter_abandoned(app_server):
+    asyncio.run(run_round(app_server.url, 8))  # warm-up: first-use allocations are not leaks
+    app_server.wait_idle()
+    before_memory = memory_mb(app_server.process.pid)
+    before = replies_counted(app_server.url)
+
+    results = asyncio.run(run_round(app_server.url, 64, abandon_every=4))
+
+    abandoned = results[::4]
+    kept = [r for i, r in enumerate(results) if i % 4]
+    assert len(abandoned) == 16 and len(kept) == 48
+    failed = [r for r in kept if not (r.completed and r.title.startswith("📊 "))]
+    assert not failed, [(r.error, r.title) for r in failed[:3]]
+    assert all("24 tokens" in r.title or "finished" in r.title for r in kept)
+    health = app_server.wait_idle(timeout=15)
+    (engine,) = health["engines"]
+    assert engine["running"] == engine["waiting"] == engine["unfinished"] == engine["streams"] == 0
+
+    after = replies_counted(app_server.url)
+    ended = {finish: after.get(finish, 0) - before.get(finish, 0) for finish in after}
+    assert ended.get("stopped_by_user", 0) + ended.get("disconnected", 0) == 16, ended
+    assert ended.get("max_tokens", 0) + ended.get("finished", 0) == 48, ended
+
+    growth = memory_mb(app_server.process.pid) - before_memory
+    assert growth < 300, f"memory grew by {growth:.0f} MB"

@@ -61,6 +61,7 @@ class PresetFile(_Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     tags: list[str] = Field(default_factory=list)
     examples: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False  # for benchmarks: always write Max new tokens
 
 
 ModelKind = Literal["embedded", "folder", "hub"]
@@ -79,6 +80,7 @@ class Preset:
     timeout_s: float | None
     tags: tuple[str, ...]
     examples: tuple[str, ...]
+    ignore_eos: bool = False
     path: Path | None = None
 
     @property
@@ -322,6 +324,7 @@ def load_preset(path: Path) -> Preset:
         timeout_s=spec.timeout_s,
         tags=tuple(spec.tags),
         examples=tuple(spec.examples),
+        ignore_eos=spec.ignore_eos,
         path=path.resolve(),
     )
 

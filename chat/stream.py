@@ -34,7 +34,7 @@ TOTAL_TIMEOUT_S = 600.0  # and no reply may take longer than this in all
 BUSY = "The demo is busy, try again in a moment."
 
 
-def sampling_params(sampling: Sampling, max_tokens: int) -> Any:
+def sampling_params(sampling: Sampling, max_tokens: int, ignore_eos: bool = False) -> Any:
     """vLLM's SamplingParams for these values, streaming only new text."""
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
@@ -49,6 +49,7 @@ def sampling_params(sampling: Sampling, max_tokens: int) -> Any:
             repetition_penalty=sampling.repetition_penalty,
             seed=None if sampling.seed < 0 else sampling.seed,
             output_kind=RequestOutputKind.DELTA,
+            ignore_eos=ignore_eos,
         )
     except VLLMValidationError as exc:
         parameter = getattr(exc, "parameter", None) or "a setting"
@@ -135,7 +136,7 @@ class Reply:
                 f"Your conversation is {prompt_tokens:,} tokens; this model accepts {engine.max_model_len:,}. "
                 "Start a new chat or shorten your message."
             )
-        params = sampling_params(self.sampling, max_tokens=min(self.sampling.max_tokens, room))
+        params = sampling_params(self.sampling, max_tokens=min(self.sampling.max_tokens, room), ignore_eos=self.preset.ignore_eos)
         finish = Finish.ERROR
         engine.streams[self.request_id] = lambda reason: self._end(Finish.UNLOADED, reason)
         if self._ended_by is not None:  # stopped while the prompt was being prepared

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
         return 2
     monitor = Monitor(registry)
-    demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None)
+    flush_s = max(args.flush_ms, 0) / 1000
+    demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, flush_s=flush_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         share=args.share,
         auth=login.accounts if login else None,
         show_error=False,
-        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login), *metrics.routes(login)]},
+        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, flush_s=flush_s), *metrics.routes(login)]},
     )
     return 0
 

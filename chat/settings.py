@@ -48,6 +48,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_waiting", ("CHAT_MAX_WAITING",), 256,
             "Requests that may wait for a free engine slot; beyond it new ones are refused at once with a busy message.",
             int),
+    Setting("flush_ms", ("CHAT_FLUSH_MS",), 40,
+            "Most often a streaming reply is redrawn, in milliseconds (the first token is always shown at once); "
+            "0 redraws on every token.", int),
     Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",

@@ -40,6 +40,7 @@ RESTARTING = "The model's engine stopped working and is being restarted; your ne
 class EngineState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
+    SLEEPING = "sleeping"  # CUDA sleep mode: weights parked in CPU memory, GPU memory free
     FAILED = "failed"
     CLOSED = "closed"
 
@@ -120,6 +121,11 @@ class Engine:
         return self.preset.engine_key
 
     @property
+    def can_sleep(self) -> bool:
+        """Presets opt in with `enable_sleep_mode: true`; vLLM supports it on CUDA only."""
+        return bool(self.preset.engine.get("enable_sleep_mode")) and not on_cpu()
+
+    @property
     def start_seconds(self) -> float | None:
         return None if self.ready_at is None else self.ready_at - self.started_at
 
@@ -132,6 +138,8 @@ class Engine:
             return self.error or "The engine failed to start."
         if self.state is EngineState.CLOSED:
             return "This engine was unloaded."
+        if self.state is EngineState.SLEEPING:
+            return "Asleep to make room for another model; it wakes in seconds with the next message."
         busy = f"{self.load.running} being written" + (f", {self.load.waiting} waiting" if self.load.waiting else "")
         return f"Ready · {busy} · KV cache {self.load.kv_cache_usage:.0%} used"
 
@@ -245,12 +253,34 @@ class EngineRegistry:
                     self.restart(engine)
 
     async def get(self, preset: Preset) -> Engine:
-        """The preset's engine, ready; starts it (once) if needed."""
+        """The preset's engine, ready; starts it (once) if needed, or wakes it if asleep."""
         engine = self.start(preset)
+        if engine.state is EngineState.SLEEPING:
+            await self._wake(engine)
         await engine.wait_ready()
         engine.last_used = time.monotonic()
         return engine
 
+    async def _wake(self, engine: Engine) -> None:
+        if engine._task is not None and not engine._task.done():
+            await asyncio.shield(engine._task)  # another session is already waking it
+            return
+        engine.state, engine.phase = EngineState.STARTING, "waking up"
+        engine._task = asyncio.get_running_loop().create_task(self._run_wake(engine))
+        await asyncio.shield(engine._task)
+
+    async def _run_wake(self, engine: Engine) -> None:
+        engine.refusal = None
+        try:
+            await self.make_room(engine)
+            assert engine.llm is not None
+            await engine.llm.wake_up()
+            engine.state = EngineState.READY
+        except EngineBusy as exc:
+            engine.state, engine.refusal = EngineState.SLEEPING, exc
+        except Exception as exc:
+            log.exception("Waking the engine for %r failed", engine.preset.name)
+            self._mark_failed(engine, f"The engine for {engine.preset.name} could not wake up ({exc}).")
     async def _run_start(self, engine: Engine, replacing: Engine | None = None) -> None:
         loop = asyncio.get_running_loop()
         make_room = functools.partial(self._make_room_threadsafe, loop)
@@ -315,8 +345,13 @@ class EngineRegistry:
                     "try again in a minute or pick a preset that is already loaded."
                 )
             victim = min(idle, key=lambda e: e.last_used)
-            log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
-            await self.unload(victim)
+            if victim.can_sleep and victim.llm is not None:
+                log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
+                await victim.llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
+                victim.state = EngineState.SLEEPING
+            else:
+                log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
+                await self.unload(victim)
 
     async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""

@@ -116,7 +116,7 @@ class ChatService:
         if session:
             self._preparing.discard(session)
             self._stopped_early.discard(session)
-            if self._replies.get(session) is reply:
+            if reply is not None and self._replies.get(session) is reply:
                 del self._replies[session]
 
     def stop_requested(self, session: str | None) -> bool:

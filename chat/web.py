@@ -19,7 +19,7 @@ def routes(service: ChatService, login: Login | None = None, flush_s: float = 0.
         engines = []
         healthy = True
         for engine in service.registry:
-            healthy = healthy and engine.state is EngineState.READY
+            healthy = healthy and engine.state in (EngineState.READY, EngineState.SLEEPING)
             engines.append(
                 {
                     "preset": engine.preset.name,

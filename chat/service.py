@@ -91,12 +91,15 @@ class ChatService:
         session: str | None = None,
         submitted_at: float | None = None,
     ) -> Reply:
+        now = time.monotonic()
         reply = Reply(
             engine,
             preset,
             messages,
             preset.sampling.resolve(sampling_values),
-            submitted_at=time.monotonic() if submitted_at is None else submitted_at,
+            submitted_at=now,
+            # Time spent waiting for the engine to start is reported apart from time to first token.
+            engine_wait_s=0.0 if submitted_at is None else max(now - submitted_at, 0.0),
         )
         if session:
             self._replies[session] = reply

@@ -45,6 +45,7 @@ class ReplyStats:
     decode_s: float | None  # first token to last token, engine clock
     finish: Finish
     context_limit: int
+    engine_wait_s: float = 0.0  # waiting for the engine to start or wake, before the request
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -59,6 +60,8 @@ class ReplyStats:
     def summary(self) -> str:
         """The one line shown beneath the reply, visible without clicking."""
         parts = []
+        if self.engine_wait_s >= 1:
+            parts.append(f"engine start {_seconds(self.engine_wait_s)}")
         if self.first_token_s is not None:
             parts.append(f"first token {_seconds(self.first_token_s)}")
         if self.tokens_per_s is not None:
@@ -74,6 +77,7 @@ class ReplyStats:
         """Everything behind the line: the timing split, the prompt, and the exact settings."""
         rows = [
             ("Preset", self.preset),
+            ("Waiting for the engine to start", _seconds(self.engine_wait_s) if self.engine_wait_s >= 0.05 else "-"),
             ("Time to first token", _seconds(self.first_token_s)),
             ("Waiting in the engine's queue", _seconds(self.queue_s)),
             ("Reading the prompt", _seconds(self.prefill_s)),
@@ -107,6 +111,7 @@ class ReplyStats:
             "finish": self.finish.name.lower(),
             "finish_text": self.finish.value,
             "context_limit": self.context_limit,
+            "engine_wait_s": self.engine_wait_s,
         }
 
 

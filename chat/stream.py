@@ -83,6 +83,7 @@ class Reply:
         request_id: str | None = None,
         submitted_at: float | None = None,
         idle_timeout_s: float | None = None,
+        engine_wait_s: float = 0.0,
     ) -> None:
         self.engine = engine
         self.preset = preset
@@ -90,6 +91,7 @@ class Reply:
         self.sampling = sampling
         self.request_id = request_id or f"chat-{uuid.uuid4().hex}"
         self.submitted_at = time.monotonic() if submitted_at is None else submitted_at
+        self.engine_wait_s = engine_wait_s
         self.idle_timeout_s = idle_timeout_s or preset.timeout_s or DEFAULT_IDLE_TIMEOUT_S
         self.total_timeout_s = max(TOTAL_TIMEOUT_S, self.idle_timeout_s)
         self.text = ""
@@ -236,6 +238,7 @@ class Reply:
             decode_s=decode_s,
             finish=finish,
             context_limit=self.engine.max_model_len,
+            engine_wait_s=self.engine_wait_s,
         )
 
 

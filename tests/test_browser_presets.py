@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import OUTPUT, start_app, stop_app
-from tests.test_browser import REPLY_TEXT, REPLY_TITLE, send, watch_reply
+from tests.test_browser import REPLY_TEXT, send, watch_reply
 
 pytestmark = pytest.mark.browser
 
@@ -87,7 +87,7 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     assert switcher.locator("#knob-max_tokens input[type=number]").input_value() == "24"
     send(switcher, "What colour is the sky?")
     switcher.wait_for_function(  # the new engine is loading, and the page says so with the time
-        "[...document.querySelectorAll('#chatbot .thought .title')].some(t => /Starting the engine for Terse: .* \\d+ s/.test(t.innerText))",
+        "/Starting the engine for Terse: .*\\d+ s/.test(document.querySelector('#chatbot').innerText)",
         timeout=30_000,
     )
     _, title = watch_reply(switcher, "first token", within_s=120)

@@ -74,26 +74,28 @@ class ReplyStats:
         return " · ".join(parts)
 
     def details(self) -> str:
-        """Everything behind the line: the timing split, the prompt, and the exact settings."""
+        """Everything behind the line, each with what it means: the timing split, the prompt,
+        and the exact settings that made this reply."""
         rows = [
-            ("Preset", self.preset),
-            ("Waiting for the engine to start", _seconds(self.engine_wait_s) if self.engine_wait_s >= 0.05 else "-"),
-            ("Time to first token", _seconds(self.first_token_s)),
-            ("Waiting in the engine's queue", _seconds(self.queue_s)),
-            ("Reading the prompt", _seconds(self.prefill_s)),
-            ("Writing", _seconds(self.decode_s)),
-            ("Total", _seconds(self.total_s)),
-            ("Generation speed", f"{self.tokens_per_s:.1f} tokens/s" if self.tokens_per_s else "-"),
-            ("Tokens generated", f"{self.generated_tokens:,}"),
-            (
-                "Prompt tokens",
-                f"{self.prompt_tokens:,} ({self.cached_prompt_tokens:,} from the prefix cache)",
-            ),
-            ("Context used", f"{self.prompt_tokens + self.generated_tokens:,} of {self.context_limit:,} tokens"),
-            ("Why it stopped", self.finish.value),
+            ("Preset", self.preset, "The model and settings that wrote this reply."),
+            ("Engine start", _seconds(self.engine_wait_s) if self.engine_wait_s >= 0.05 else "-",
+             "Waiting for the model to load before this message could be sent to it."),
+            ("Time to first token", _seconds(self.first_token_s), "From sending to the first word appearing."),
+            ("Queue", _seconds(self.queue_s), "Waiting for a free slot in the engine: long when the demo is busy."),
+            ("Reading the prompt", _seconds(self.prefill_s), "The model reading the conversation: long when it is long."),
+            ("Writing", _seconds(self.decode_s), "From the first token to the last."),
+            ("Total", _seconds(self.total_s), "From sending to the end of the reply."),
+            ("Speed", f"{self.tokens_per_s:.1f} tokens/s" if self.tokens_per_s else "-",
+             "Tokens written per second after the first one."),
+            ("Tokens generated", f"{self.generated_tokens:,}", "A token is about three quarters of a word."),
+            ("Prompt tokens", f"{self.prompt_tokens:,} ({self.cached_prompt_tokens:,} from the prefix cache)",
+             "The conversation as the model read it; cached tokens were already read before."),
+            ("Context used", f"{self.prompt_tokens + self.generated_tokens:,} of {self.context_limit:,} tokens",
+             "How much of what the model can hold at once this conversation fills."),
+            ("Why it stopped", self.finish.value, "What ended the reply."),
         ]
-        rows += [(knob.label, knob.format(getattr(self.sampling, knob.name))) for knob in KNOBS]
-        return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
+        rows += [(knob.label, knob.format(getattr(self.sampling, knob.name)), knob.help) for knob in KNOBS]
+        return "| | | |\n|---|---|---|\n" + "\n".join(f"| {name} | {value} | {meaning} |" for name, value, meaning in rows)
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,133 @@ def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_se
     # The conversation goes on after a stop.
     send(page, "Say hi.")
     watch_reply(page, "first token")
+
+
+def titles(page) -> list[str]:
+    return page.locator(REPLY_TITLE).all_inner_texts()
+
+
+def test_retry_writes_a_new_reply_with_new_stats(page):
+    send(page, "Name one planet.")
+    watch_reply(page, "first token")
+    first = titles(page)[-1]
+    page.get_by_role("button", name="Retry").last.click()
+    page.wait_for_function(
+        "([old]) => { const t = [...document.querySelectorAll('#chatbot .bot-row .thought .title')].map(e => e.innerText);"
+        " return t.length === 1 && t[0] !== old && t[0].includes('first token'); }",
+        arg=[first],
+        timeout=60_000,
+    )
+    assert len(page.locator("#chatbot .user-row").all()) == 1  # retried, not added
+
+
+def test_edit_regenerates_from_the_edited_message(page):
+    send(page, "Name one fruit.")
+    watch_reply(page, "first token")
+    page.get_by_role("button", name="Edit").last.click()
+    box = page.locator("#chatbot .user-row textarea").last
+    box.fill("Name one vegetable.")
+    page.locator("#chatbot").get_by_role("button", name="Submit").click()
+    page.wait_for_function(
+        "document.querySelector('#chatbot .user-row').innerText.includes('vegetable')", timeout=30_000
+    )
+    watch_reply(page, "first token")
+    assert "fruit" not in page.locator("#chatbot").inner_text()
+
+
+def test_history_survives_a_reload_with_its_stats(page):
+    send(page, "Say something about owls.")
+    _, title = watch_reply(page, "first token")
+    page.wait_for_function(  # saved once the reply is done: then it also shows in the list of chats
+        "[...document.querySelectorAll('*')].filter(e => e.children.length === 0 && e.innerText === 'Say something about owls.').length >= 2",
+        timeout=15_000,
+    )
+    page.reload()
+    page.wait_for_selector("#message textarea")
+    page.get_by_text("Say something about owls.").first.click(timeout=15_000)  # in the saved chats list
+    page.wait_for_selector(REPLY_TITLE, timeout=15_000)
+    assert titles(page)[-1] == title
+    assert "Say something about owls." in page.locator("#chatbot").inner_text()
+
+
+def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser, app_server):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(app_server.url)
+    page.wait_for_selector("#message textarea")
+    send(page, "Hi!")
+    watch_reply(page, "first token")
+    assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1")
+    assert page.locator(REPLY_TITLE).last.is_visible()
+    page.screenshot(path=str(OUTPUT / "phone.png"), full_page=True)
+    context.close()
+
+
+def contrast(page, selector: str) -> float:
+    """WCAG contrast ratio between an element's text colour and the background behind it."""
+    return page.evaluate(
+        """(selector) => {
+          const el = document.querySelector(selector);
+          const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+          const lum = ([r, g, b]) => [r, g, b].map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+              .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+          let bg = el, color = getComputedStyle(el).backgroundColor;
+          while (bg && (color === 'rgba(0, 0, 0, 0)' || color === 'transparent')) { bg = bg.parentElement; color = bg ? getComputedStyle(bg).backgroundColor : 'rgb(255,255,255)'; }
+          const a = lum(rgb(getComputedStyle(el).color)), b = lum(rgb(color));
+          return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+        }""",
+        selector,
+    )
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=theme)
+    page = context.new_page()
+    page.goto(f"{app_server.url}?__theme={theme}")
+    page.wait_for_selector("#message textarea")
+    send(page, "Say hello in French.")
+    watch_reply(page, "first token")
+    assert contrast(page, REPLY_TEXT + " .message-content") >= 4.5
+    assert contrast(page, REPLY_TITLE) >= 3
+    page.screenshot(path=str(OUTPUT / f"theme-{theme}.png"))
+    context.close()
+
+
+def test_script_in_a_message_never_runs(page):
+    send(page, '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script> Repeat exactly: <b onmouseover=alert(1)>hi</b>')
+    watch_reply(page, "first token")
+    page.locator("#chatbot").hover()
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#chatbot script").count() == 0
+    assert page.locator("#chatbot [onerror], #chatbot [onmouseover]").count() == 0
+
+
+def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_server):
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(app_server.url)
+    page.wait_for_selector("#message textarea")
+    send(page, "Tell me a very long story about the ocean.")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not page.locator(REPLY_TEXT).all_inner_texts():
+        time.sleep(0.05)
+    status, body = app_server.health()
+    assert body["engines"][0]["streams"] >= 1
+    context.close()
+    closed = time.monotonic()
+    body = app_server.wait_idle(timeout=10)
+    assert body["engines"][0]["running"] == 0 and body["engines"][0]["streams"] == 0
+    assert time.monotonic() - closed < 3
+
+
+def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):
+    send(page, "Name a colour.")
+    _, title = watch_reply(page, "first token")
+    page.locator("#save").click()
+    link = page.locator("#saved-file a").first
+    link.wait_for(timeout=15_000)
+    with page.expect_download() as download:
+        link.click()
+    text = Path(download.value.path()).read_text(encoding="utf-8")
+    assert "**You:**" in text and "Name a colour." in text and title in text and "| Preset | SmolLM2 135M (CPU) |" in text

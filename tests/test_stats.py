@@ -27,9 +27,10 @@ def test_summary_says_why_it_stopped_in_plain_words():
 
 def test_details_carry_the_split_the_prompt_and_the_exact_settings():
     details = make_stats().details()
-    for expected in ("| Preset | Tiny |", "| Waiting in the engine's queue | 500 ms |", "| Prompt tokens | 30 (16 from the prefix cache) |",
-                     "| Context used | 71 of 2,048 tokens |", "| Temperature | 0.7 |", "| Max new tokens | 256 |"):
+    for expected in ("| Preset | Tiny |", "| Queue | 500 ms | Waiting for a free slot", "| Prompt tokens | 30 (16 from the prefix cache) |",
+                     "| Context used | 71 of 2,048 tokens |", "| Temperature | 0.7 | How adventurous", "| Max new tokens | 256 |"):
         assert expected in details
+    assert all(line.count("|") == 4 for line in details.splitlines())  # every row explains itself
 
 
 def test_progress_line_shows_elapsed_tokens_and_share_of_max_tokens():

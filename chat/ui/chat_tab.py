@@ -20,7 +20,16 @@ from chat.sampling import KNOB_NAMES, Knob
 from chat.service import ChatService
 from chat.stream import Reply, paced
 from chat.ui.components import PlainNumber, PlainSlider
-from chat.ui.messages import PROBLEM, STOPPED, WAITING, annotation, preset_card, reply_messages, stats_annotation
+from chat.ui.messages import (
+    PROBLEM,
+    STOPPED,
+    WAITING,
+    annotation,
+    conversation_file,
+    preset_card,
+    reply_messages,
+    stats_annotation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +155,11 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         service.stop(request.session_hash)
 
     title = gr.Markdown(title_of(default), elem_id="title")
+    chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False)
     gr.ChatInterface(
         fn=respond,
         additional_inputs=settings.inputs,
-        chatbot=gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420),
+        chatbot=chatbot,
         textbox=gr.Textbox(
             elem_id="message", placeholder="Type a message and press Enter", show_label=False,
             submit_btn=True, stop_btn=False, autofocus=True, scale=7,
@@ -165,9 +175,14 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
     with gr.Row():
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=120)
         status = gr.Markdown("Engine: starting…", elem_id="engine-status")
+        save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=180, size="sm")
+    saved_file = gr.File(label="Conversation as Markdown", visible=False, elem_id="saved-file", interactive=False)
 
     internal = {"queue": False, "api_visibility": "undocumented"}
     stop_button.click(stop, None, None, **internal)
+    save_button.click(
+        lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
+    )
     settings.preset.change(
         on_preset_change, [settings.preset], [title, settings.card, settings.system_prompt, *settings.knobs], **internal
     ).then(warm_up, [settings.preset], [status], **internal)

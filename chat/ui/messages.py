@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import html
 import re
+import tempfile
+import time
+from pathlib import Path
 
 import gradio as gr
 
+from chat.history import text_of
 from chat.presets import Preset
 from chat.stats import ReplyStats
 from chat.stream import Reply
@@ -68,3 +72,28 @@ def preset_card(preset: Preset) -> str:
     )
 
 
+
+
+def conversation_markdown(history: list[dict]) -> str:
+    """The chat as Markdown: each turn, and each reply's stats with its preset and settings."""
+    lines = ["# Conversation", ""]
+    for message in history or []:
+        metadata = message.get("metadata") or {}
+        text = text_of(message.get("content"))
+        if metadata.get("title"):
+            lines += [f"*{metadata['title']}*", ""]
+            if text.strip():
+                lines += [text, ""]
+        elif message.get("role") == "user":
+            lines += ["**You:**", "", text, ""]
+        else:
+            lines += ["**Assistant:**", "", text, ""]
+    return "\n".join(lines)
+
+
+def conversation_file(history: list[dict]) -> str:
+    """Write the conversation to a new temporary file (never a path the browser chose)."""
+    folder = Path(tempfile.mkdtemp(prefix="conversation-"))
+    path = folder / f"conversation-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    path.write_text(conversation_markdown(history), encoding="utf-8")
+    return str(path)

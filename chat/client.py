@@ -55,14 +55,9 @@ def backoff_s(attempt: int, base_s: float = 0.5, cap_s: float = 8.0) -> float:
 
 def stats_summary(stats: dict[str, Any]) -> str:
     """The UI's one-line stats from the API's stats dict."""
-    from dataclasses import fields
+    from chat.stats import ReplyStats
 
-    from chat.sampling import Sampling
-    from chat.stats import Finish, ReplyStats
-
-    values = {f.name: stats.get(f.name) for f in fields(ReplyStats)}
-    values.update(sampling=Sampling(**stats["sampling"]), finish=Finish[stats["finish"].upper()])
-    return ReplyStats(**values).summary()
+    return ReplyStats.from_dict(stats).summary()
 
 
 class ReplyStream:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -296,14 +296,14 @@ def load_preset(path: Path) -> Preset:
         max_tokens = rules.knob("max_tokens")
         rules = rules.narrowed({"max_tokens": (min(max_tokens.default, max_model_len), None, max_model_len)})
 
-    model, model_kind = spec.model.strip(), "hub"
+    model, model_kind = spec.model.strip(), cast(ModelKind, "hub")
     folder = (path.parent / Path(model).expanduser()).resolve()
     if model == EMBEDDED:
-        model_kind = "embedded"
+        model_kind = cast(ModelKind, "embedded")
     elif model.startswith(("/", "./", "../", "~")) or folder.is_dir():
         if not folder.is_dir():
             raise fail(["model"], f"the model folder {model} does not exist (looked in {folder})")
-        model, model_kind = str(folder), "folder"
+        model, model_kind = str(folder), cast(ModelKind, "folder")
     elif not _HUB_REPO.match(model):
         raise fail(
             ["model"],

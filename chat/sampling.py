@@ -117,7 +117,7 @@ class SamplingRules:
 
     @property
     def defaults(self) -> Sampling:
-        return Sampling(**{knob.name: knob.check(knob.default) for knob in self.knobs})
+        return _sampling({knob.name: knob.check(knob.default) for knob in self.knobs})
 
     def resolve(self, values: Mapping[str, object]) -> Sampling:
         """Validate values from a slider, the API or a link; missing ones take the defaults."""
@@ -130,7 +130,7 @@ class SamplingRules:
             knob.name: knob.check(values[knob.name] if values.get(knob.name) is not None else knob.default)
             for knob in self.knobs
         }
-        return Sampling(**chosen)
+        return _sampling(chosen)
 
     def narrowed(self, overrides: Mapping[str, tuple[float | None, float | None, float | None]]) -> SamplingRules:
         """Apply a preset's (default, min, max) per knob; None keeps the table's value.
@@ -152,3 +152,14 @@ class SamplingRules:
             narrowed = knob.with_range(knob.default, minimum, maximum)
             knobs.append(narrowed.with_range(narrowed.check(default), minimum, maximum))
         return SamplingRules(tuple(knobs))
+
+
+def _sampling(values: Mapping[str, float | int]) -> Sampling:
+    return Sampling(
+        temperature=float(values["temperature"]),
+        top_p=float(values["top_p"]),
+        top_k=int(values["top_k"]),
+        max_tokens=int(values["max_tokens"]),
+        repetition_penalty=float(values["repetition_penalty"]),
+        seed=int(values["seed"]),
+    )

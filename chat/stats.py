@@ -8,7 +8,8 @@ compared with each other.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from chat.sampling import KNOBS, Sampling
 
@@ -96,6 +97,15 @@ class ReplyStats:
         ]
         rows += [(knob.label, knob.format(getattr(self.sampling, knob.name)), knob.help) for knob in KNOBS]
         return "| | | |\n|---|---|---|\n" + "\n".join(f"| {name} | {value} | {meaning} |" for name, value, meaning in rows)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReplyStats:
+        """The inverse of as_dict (derived fields like tokens_per_s are recomputed)."""
+        names = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {name: data[name] for name in names if name in data}
+        values["sampling"] = Sampling(**data["sampling"])
+        values["finish"] = Finish[str(data["finish"]).upper()]
+        return cls(**values)
 
     def as_dict(self) -> dict[str, object]:
         return {

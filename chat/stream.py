@@ -16,8 +16,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 from chat import metrics
 from chat.engine import Engine, engine_failed
@@ -63,7 +63,7 @@ async def render_prompt(engine: Engine, messages: list[Message]) -> dict[str, An
     assert engine.llm is not None
     # No length limit here: we count the tokens ourselves to say how long the conversation is.
     _, prompts = await engine.llm.renderer.render_chat_async(
-        [messages],
+        [cast(Any, messages)],
         ChatParams(chat_template_kwargs={"add_generation_prompt": True, "tokenize": False}),
         TokenizeParams(max_total_tokens=None, add_special_tokens=False),
     )
@@ -114,7 +114,7 @@ class Reply:
             if self.engine.llm is not None and self.request_id in self.engine.streams:
                 asyncio.get_running_loop().create_task(self.engine.llm.abort(self.request_id))
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def stream(self) -> AsyncGenerator[str, None]:
         """Yield new text as it arrives; afterwards `stats` holds the numbers.
 
         Raises InputError or SettingsError before anything is generated when the conversation or
@@ -154,7 +154,7 @@ class Reply:
         last_arrival = 0.0
         try:
             async with asyncio.timeout(self.idle_timeout_s) as deadline, contextlib.aclosing(
-                llm.generate(prompt, params, self.request_id)
+                llm.generate(cast(Any, prompt), params, self.request_id)
             ) as outputs:
                 async for out in outputs:
                     deadline.reschedule(min(loop.time() + self.idle_timeout_s, give_up_at))
@@ -242,7 +242,7 @@ class Reply:
         )
 
 
-async def paced(reply: Reply, flush_s: float = 0.04, tick_s: float = 0.5) -> AsyncIterator[None]:
+async def paced(reply: Reply, flush_s: float = 0.04, tick_s: float = 0.5) -> AsyncGenerator[None, None]:
     """Drive `reply.stream()` and yield whenever the reader's view should be redrawn.
 
     The first token is shown at once; later text is coalesced to one redraw per `flush_s`, so the

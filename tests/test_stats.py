@@ -38,3 +38,8 @@ def test_progress_line_shows_elapsed_tokens_and_share_of_max_tokens():
     assert progress.line(100.4) == "Reading your message… 400 ms"
     progress.first_token_at, progress.tokens = 100.5, 50
     assert progress.line(103.0) == "Writing… 3.0 s · 50 tokens · 25% of Max tokens"
+
+
+def test_stats_survive_a_round_trip_through_a_dict():
+    stats = make_stats()
+    assert ReplyStats.from_dict(stats.as_dict()) == stats

@@ -89,6 +89,8 @@ class GradioChat:
                     reply = outputs[0] if outputs else None
                     if isinstance(reply, list):
                         result.messages = reply
+                    elif isinstance(reply, str):  # a ChatInterface whose function yields plain text
+                        result.messages = [{"role": "assistant", "content": reply}]
                     result.updates.append((time.monotonic(), len(result.text)))
                     if kind == "process_completed":
                         result.completed = True

@@ -1,0 +1,240 @@
+"""The app against the raw engine on one GPU, with a Llama-3-8B-shaped model of random weights.
+
+Runs on the GPU host after /work/shared/gpu/stage.sh's tarball is unpacked into /tmp/site
+(README "Benchmark"); the weights are made on the GPU by vLLM (load_format: dummy), so replies are
+gibberish and only the timings mean anything. In one call, within --deadline seconds:
+
+  1. writes the model's config (Llama-3-8B geometry, SmolLM2's tokenizer) and a preset for it;
+  2. starts the raw engine (bench/raw_engine.py) and the app (app.py) side by side on the GPU,
+     each with its own KV-cache budget (kv_cache_memory_bytes) so they can start together;
+  3. closed loop at each concurrency level, raw and app in turn (each level warmed up first);
+  4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
+     first token reaches --ttft-slo-ms, then the app at the highest rate that passed (and the first
+     that failed, when time allows);
+  5. writes gpu-<time>.json and prints a table (results also under $OUT when set).
+
+    python3 -m bench.gpu --tok .gpu/tok --out $OUT
+    python -m bench.gpu --shape 135m --cpu-smoke     # the same steps on this machine's CPU engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
+from bench.procs import ROOT
+from bench.run import Target, app_path, measure, raw_path, versions
+
+SHAPES = {
+    # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.5 B parameters)
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, rope_theta=500000.0, tie_word_embeddings=False),
+    # SmolLM2-135M geometry (smoke runs)
+    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                 num_key_value_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
+}
+
+
+def write_model(model_dir: Path, tok_dir: Path, shape: str) -> dict[str, Any]:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    s = dict(SHAPES[shape])
+    theta = s.pop("rope_theta")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "vocab_size": 49152, "bos_token_id": 1,
+           "eos_token_id": 2, "pad_token_id": 2, "attention_bias": False, "mlp_bias": False,
+           "torch_dtype": "bfloat16", "dtype": "bfloat16", "initializer_range": 0.02, "use_cache": True,
+           "rope_theta": theta, "rope_parameters": {"rope_theta": theta, "rope_type": "default"}, **s}
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (tok_dir / name).exists():
+            shutil.copy(tok_dir / name, model_dir / name)
+    (model_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2,
+                                                                   "pad_token_id": 2}))
+    return cfg
+
+
+def write_preset(folder: Path, model_dir: Path, engine: dict[str, Any], device: str, max_tokens: int) -> Path:
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    preset = {
+        "name": "Llama-3-8B shape (dummy weights, benchmark)",
+        "description": "Llama-3-8B geometry with random weights made on the GPU: timings only, the text is gibberish.",
+        "model": str(model_dir),
+        "hardware": {"device": device},
+        "engine": engine,
+        "sampling": {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1,
+                     "max_tokens": {"default": max_tokens, "max": 4096}},
+        "system_prompt": SYSTEM_PROMPT,
+        "ignore_eos": True,
+        "timeout_s": 300,
+    }
+    path = folder / "bench-gpu.yaml"
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    return path
+
+
+def gpu_info() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.used,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return repr(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tok", type=Path, default=ROOT / ".gpu" / "tok", help="tokenizer files (stage.sh's .gpu/tok)")
+    ap.add_argument("--model-dir", type=Path, default=Path("/tmp/model-8b"))
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--levels", default="1,8,32,64,128,256")
+    ap.add_argument("--requests", default="1:4", help="requests per closed-loop run as level:count (default: one each)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--context-lines", type=int, default=16, help="filler lines per prompt (~30 tokens each)")
+    ap.add_argument("--rates", default="10,20,25,30,35,40", help="steady request rates to try, requests/s, rising")
+    ap.add_argument("--rate-seconds", type=float, default=12.0, help="seconds of arrivals per rate")
+    ap.add_argument("--ttft-slo-ms", type=float, default=800.0)
+    ap.add_argument("--kv-gib", type=float, default=32.0, help="KV cache per engine (two engines share the GPU)")
+    ap.add_argument("--gpu-mem", type=float, default=0.4)
+    ap.add_argument("--client-procs", type=int, default=4)
+    ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
+    ap.add_argument("--cpu-smoke", action="store_true", help="run the same steps on the CPU engine (tiny)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    left = lambda: args.deadline - (time.monotonic() - t_start)  # noqa: E731
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out / f"gpu-{stamp}.json"
+    logs = args.out / "logs"
+
+    cfg = write_model(args.model_dir, args.tok, args.shape)
+    if args.cpu_smoke:
+        engine = {"load_format": "dummy", "dtype": "float32", "max_model_len": 4096, "enforce_eager": True,
+                  "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 64}
+    else:
+        engine = {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096,
+                  "gpu_memory_utilization": args.gpu_mem, "kv_cache_memory_bytes": int(args.kv_gib * 2**30),
+                  "max_num_seqs": 256, "max_num_batched_tokens": 8192, "seed": 0}
+    preset = write_preset(Path("/tmp/bench-gpu-presets"), args.model_dir, engine,
+                          "cpu" if args.cpu_smoke else "gpu", args.max_tokens)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
+    count = lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
+    result: dict[str, Any] = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu_info(), "versions": versions(),
+        "model_config": cfg, "engine": engine, "args": {k: str(v) for k, v in vars(args).items()},
+        "weights": "random (load_format: dummy)", "closed": [], "rates": [], "events": [],
+    }
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=1, default=str))
+
+    def event(text: str) -> None:
+        line = f"[{time.monotonic() - t_start:6.1f}s] {text}"
+        print(line, flush=True)
+        result["events"].append(line)
+
+    # Separate compile caches: the two engines compile at the same time.
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    started: list[Target] = []
+    try:
+        event(f"starting raw engine and app; {result['gpu']}")
+        raw = raw_path(preset, logs, {**env, "VLLM_CACHE_ROOT": "/tmp/vllm-cache-raw",
+                                      "TRITON_CACHE_DIR": "/tmp/triton-raw"}, args.context_lines)
+        started.append(raw)
+        app = app_path("app", preset, logs, {**env, "VLLM_CACHE_ROOT": "/tmp/vllm-cache-app",
+                                             "TRITON_CACHE_DIR": "/tmp/triton-app"}, count, args.context_lines,
+                       client_procs=args.client_procs)
+        started.append(app)
+        raw.servers[0].receive(timeout=max(60.0, left()))
+        event("raw engine ready")
+        app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
+        event(f"app ready; {gpu_info()}")
+        our = [raw.servers[0].pid, app.servers[0].pid, os.getpid()]
+        base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
+        index = 0
+
+        # Closed loop, level by level, raw and app in turn (order alternating per level).
+        for li, c in enumerate(int(x) for x in args.levels.split(",")):
+            if left() < 30:
+                event(f"deadline: skipping level {c} and later")
+                break
+            for target in ([raw, app] if li % 2 == 0 else [app, raw]):
+                target.run(c, c, 900_000 + index, 8)  # warm-up: new batch shapes compile the sampler
+                index += c
+                n = base.get(c, c)
+                record = measure(target, c, n, index, args.max_tokens, our, keep_timelines=False)
+                index += n
+                result["closed"].append(record)
+                s = record["summary"]
+                event(f"c={c:<3} {target.name:<4} ttft p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms  "
+                      f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
+                      f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}")
+                save()
+
+        # Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective.
+        best: float | None = None
+        failed: float | None = None
+        for rate in (float(x) for x in args.rates.split(",")):
+            if left() < args.rate_seconds + 45:
+                event(f"deadline: stopping the rate search before {rate}/s")
+                break
+            n = max(1, int(rate * args.rate_seconds))
+            record = measure(raw, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
+            index += n
+            p99 = pct(record["ttft_ms"], 99)
+            record["p99_ttft_ms"] = p99
+            result["rates"].append(record)
+            event(f"rate {rate:5.1f}/s raw: {n} requests, p99 TTFT {p99:7.1f} ms, "
+                  f"{record['summary']['tok_s']:.0f} tok/s, err {record['summary']['errors']}")
+            save()
+            if p99 < args.ttft_slo_ms:
+                best = rate
+            else:
+                failed = rate
+                break
+        result["best_raw_rate"] = best
+        for rate in [r for r in (best, failed) if r]:
+            if left() < args.rate_seconds + 30:
+                event(f"deadline: app not run at {rate}/s")
+                break
+            n = max(1, int(rate * args.rate_seconds))
+            record = measure(app, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
+            index += n
+            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
+            result["rates"].append(record)
+            event(f"rate {rate:5.1f}/s app: {n} requests, p99 TTFT {record['p99_ttft_ms']:7.1f} ms, "
+                  f"{record['summary']['tok_s']:.0f} tok/s, err {record['summary']['errors']}")
+            save()
+    finally:
+        for target in started:
+            for server in target.servers:
+                server.stop(grace=15)
+        save()
+        for target in started:
+            for server in target.servers:
+                tail = args.out / f"{server.log_path.stem}-tail.log"
+                tail.write_text(server.log_tail(200))
+
+    summaries = [Summary(**r["summary"]) for r in result["closed"]]
+    print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
+    for r in result["rates"]:
+        print(f"rate {r['rate']:5.1f}/s {r['path']:<4} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
+              f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s")
+    print(f"results: {out}  ({time.monotonic() - t_start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

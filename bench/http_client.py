@@ -1,0 +1,96 @@
+"""Many readers of a Gradio /chat endpoint at once, optionally spread over several processes.
+
+Closed loop: `concurrency` readers, each sending its next message when its reply has ended.
+Open loop: messages sent at a steady rate whatever the server's state (arrivals, not readers).
+With `procs` > 1 the readers are split over that many client processes, so that parsing hundreds
+of streams never makes the client the bottleneck; all processes read the same monotonic clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+import httpx
+
+from bench.gradio_stream import GradioChat
+
+
+@dataclass
+class Reply:
+    index: int
+    started: float
+    updates: list[tuple[float, int]] = field(default_factory=list)
+    text: str = ""
+    title: str = ""
+    completed: bool = False
+    error: str | None = None
+
+
+def _client(concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=4 * concurrency + 8, max_keepalive_connections=2 * concurrency + 4)
+    return httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits)
+
+
+async def _one(client: GradioChat, index: int, data: list[Any]) -> Reply:
+    started = time.monotonic()
+    try:
+        result = await client.chat(data)
+    except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
+        return Reply(index, started, error=repr(exc))
+    return Reply(index, result.started, result.updates, result.text, result.title, result.completed, result.error)
+
+
+async def _closed(url: str, payloads: list[tuple[int, list[Any]]], concurrency: int) -> list[Reply]:
+    async with _client(concurrency) as http:
+        client = GradioChat(http, url)
+        await client.fn_index()
+        todo = list(payloads)
+        out: list[Reply] = []
+
+        async def reader() -> None:
+            while todo:
+                index, data = todo.pop(0)
+                out.append(await _one(client, index, data))
+
+        await asyncio.gather(*(reader() for _ in range(max(1, concurrency))))
+        return out
+
+
+async def _open(url: str, payloads: list[tuple[int, list[Any]]], t0: float, rate: float) -> list[Reply]:
+    async with _client(len(payloads)) as http:
+        client = GradioChat(http, url)
+        await client.fn_index()
+        tasks = []
+        for index, data in payloads:
+            await asyncio.sleep(max(0.0, t0 + index / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(_one(client, index, data)))
+        return list(await asyncio.gather(*tasks))
+
+
+def _shard(url: str, payloads: list[tuple[int, list[Any]]], concurrency: int, t0: float | None,
+           rate: float | None) -> list[Reply]:
+    if rate:
+        return asyncio.run(_open(url, payloads, t0 or time.monotonic(), rate))
+    return asyncio.run(_closed(url, payloads, concurrency))
+
+
+def send_all(url: str, payloads: list[list[Any]], *, concurrency: int = 1, rate: float | None = None,
+             procs: int = 1) -> list[Reply]:
+    """Every payload sent once; replies in payload order. `rate`: requests per second (open loop)."""
+    indexed = list(enumerate(payloads))
+    procs = max(1, min(procs, concurrency if not rate else len(payloads), len(payloads)))
+    if procs == 1:
+        replies = _shard(url, indexed, concurrency, time.monotonic() + 0.2 if rate else None, rate)
+    else:
+        t0 = time.monotonic() + 2.0 if rate else None  # time for the client processes to start
+        shares = [indexed[i::procs] for i in range(procs)]
+        readers = [len(range(i, concurrency, procs)) for i in range(procs)]
+        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, share, n, t0, rate) for share, n in zip(shares, readers, strict=True)]
+            replies = [r for f in futures for r in f.result()]
+    return sorted(replies, key=lambda r: r.index)

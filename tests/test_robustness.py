@@ -73,34 +73,81 @@ def engine_core_of(process: psutil.Popen | int) -> psutil.Process:
     raise AssertionError("no EngineCore process under the app")
 
 
-def test_a_killed_engine_ends_streams_plainly_and_restarts(tmp_path):
+AUTH = ("demo", "s3cret")
+
+
+@pytest.fixture(scope="module")
+def protected_app():
+    """An app with a login; its engine is also the one the fault test kills."""
+    app = start_app("protected", "--auth", ":".join(AUTH))
+    yield app
+    stop_app(app)
+
+
+def http_status(url: str, auth: tuple[str, str] | None = None) -> int:
+    import base64
+    import urllib.error
+
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
+    import websockets.sync.client as ws
     from gradio_client import Client
 
-    app = start_app("fault")
-    try:
-        client = Client(app.url, verbose=False)
-        job = client.submit("Tell me a very long story about a lighthouse.", PRESET, "", 0.8, 0.9, 0, 800, 1.0, -1, api_name="/chat")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(m.get("content") for m in (job.outputs() or [[]])[-1] if not m.get("metadata")):
-            time.sleep(0.1)
-        victim = engine_core_of(app.process.pid)
-        victim.send_signal(signal.SIGKILL)
-        messages = job.result(timeout=60)
-        assert messages[-1]["metadata"]["title"] == (
-            "⚠️ The model's engine stopped working and is being restarted; your next message will wait for it."
-        )
-        assert messages[0]["content"] and not messages[0].get("metadata")  # the text so far is kept
-        status, body = get_json(app.url + "healthz")
-        assert status == 503 and "Restarting the engine" in body["reason"]
-        # The next message waits for the new engine instead of failing.
-        after = Client(app.url, verbose=False).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
-        assert after[-1]["metadata"]["title"].startswith("📊 ")
-        assert app.health()[0] == 200
-        assert engine_core_of(app.process.pid).pid != victim.pid
-        with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
-            assert f'chat_engine_restarts_total{{preset="{PRESET}"}} 1.0' in response.read().decode()
-    finally:
-        stop_app(app)
+    url = protected_app.url
+    assert http_status(url + "metrics") == 401 and http_status(url + "metrics", AUTH) == 200
+    assert http_status(url + "metrics", ("demo", "wrong")) == 401
+    assert http_status(url + "healthz") == 200  # open for load balancers: states and counts only
+    with pytest.raises(Exception, match="(?i)log ?in|auth|401|403"):
+        Client(url, verbose=False)
+    with pytest.raises(Exception, match="403|rejected|InvalidStatus"):
+        ws.connect(url.replace("http", "ws") + "chat", open_timeout=10).close()
+    messages = Client(url, auth=AUTH, verbose=False).predict("Hi", PRESET, "", 0.0, 0.9, 0, 3, 1.0, 1, api_name="/chat")
+    assert messages[-1]["metadata"]["title"].startswith("📊 ")
+    from chat.client import ReplyStream
+
+    async def over_the_socket() -> str:
+        stream = ReplyStream("Hi", url=url, preset=PRESET, auth=AUTH, sampling={"max_tokens": 3, "temperature": 0})
+        return "".join([text async for text in stream])
+
+    assert asyncio.run(over_the_socket())
+
+
+def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
+    from gradio_client import Client
+
+    app = protected_app
+    client = Client(app.url, auth=AUTH, verbose=False)
+    job = client.submit("Tell me a very long story about a lighthouse.", PRESET, "", 0.8, 0.9, 0, 800, 1.0, -1, api_name="/chat")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(m.get("content") for m in (job.outputs() or [[]])[-1] if not m.get("metadata")):
+        time.sleep(0.1)
+    victim = engine_core_of(app.process.pid)
+    victim.send_signal(signal.SIGKILL)
+    messages = job.result(timeout=60)
+    assert messages[-1]["metadata"]["title"] == (
+        "⚠️ The model's engine stopped working and is being restarted; your next message will wait for it."
+    )
+    assert messages[0]["content"] and not messages[0].get("metadata")  # the text so far is kept
+    status, body = get_json(app.url + "healthz")
+    assert status == 503 and "Restarting the engine" in body["reason"]
+    # The next message waits for the new engine instead of failing.
+    after = Client(app.url, auth=AUTH, verbose=False).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
+    assert after[-1]["metadata"]["title"].startswith("📊 ")
+    assert app.health()[0] == 200
+    assert engine_core_of(app.process.pid).pid != victim.pid
+    metrics_request = urllib.request.Request(app.url + "metrics")
+    metrics_request.add_header("Authorization", "Basic ZGVtbzpzM2NyZXQ=")  # demo:s3cret
+    with urllib.request.urlopen(metrics_request, timeout=10) as response:
+        assert f'chat_engine_restarts_total{{preset="{PRESET}"}} 1.0' in response.read().decode()
 
 
 async def test_the_shared_engine_is_idle_at_the_end(engine):

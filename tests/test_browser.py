@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import OUTPUT
+from tests.conftest import OUTPUT, ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -79,6 +80,8 @@ def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
     assert page.locator(REPLY_TITLE).last.is_visible()
     page.screenshot(path=str(OUTPUT / "chat-with-stats.png"))
+    if os.environ.get("UPDATE_SCREENSHOTS"):  # the README's picture: UPDATE_SCREENSHOTS=1 scripts/test -k grows
+        page.screenshot(path=str(ROOT / "docs" / "screenshot.png"))
 
 
 def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_server):

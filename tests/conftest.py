@@ -135,3 +135,38 @@ def client(app_server):
     from gradio_client import Client
 
     return Client(app_server.url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium, headless. Module-scoped: Playwright's sync API holds an event loop in
+    this thread until it stops, which the async tests of later modules need free."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"],
+        )
+        yield browser
+        browser.close()
+
+
+def small_preset(folder: Path, name: str, *, context: int = 1024, **fields: object) -> Path:
+    """Write a preset of the embedded model with a small KV cache (a separate engine per context
+    length); `fields` add or replace top-level keys such as description or system_prompt."""
+    import yaml
+
+    spec: dict[str, object] = {
+        "name": name,
+        "description": f"{name}: a small-cache preset for tests.",
+        "model": "embedded",
+        "engine": {"dtype": "float32", "max_model_len": context, "kv_cache_memory_bytes": 268435456,
+                   "enforce_eager": True, "max_num_seqs": 8},
+        "sampling": {"max_tokens": {"default": 32, "max": 512}},
+        **fields,
+    }
+    path = folder / (name.lower().replace(" ", "-") + ".yaml")
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path

@@ -13,25 +13,8 @@ from tests.conftest import OUTPUT, ROOT
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
 REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
 REPLY_TITLE = "#chatbot .bot-row .thought .title"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Module-scoped: Playwright's sync API holds an event loop in this thread until it stops,
-    which the async tests of later modules need free."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

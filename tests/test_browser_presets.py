@@ -6,59 +6,27 @@ next to each other; one page streams a long reply while another switches preset 
 
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
 
-from tests.conftest import OUTPUT, start_app, stop_app
+from tests.conftest import OUTPUT, small_preset, start_app, stop_app
 from tests.test_browser import REPLY_TEXT, send, watch_reply
 
 pytestmark = pytest.mark.browser
 
-PRESET = """\
-name: {name}
-description: {description}
-model: embedded
-engine:
-  dtype: float32
-  max_model_len: {context}
-  kv_cache_memory_bytes: 268435456
-  enforce_eager: true
-  max_num_seqs: 8
-sampling:
-  temperature: {temperature}
-  max_tokens: {{default: {max_tokens}, max: 512}}
-system_prompt: {system_prompt}
-"""
-
-
 @pytest.fixture(scope="module")
 def two_engine_app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("presets")
-    (folder / "storyteller.yaml").write_text(textwrap.dedent(PRESET.format(
-        name="Storyteller", description="Long, creative replies.", context=1024, temperature=0.9,
-        max_tokens=400, system_prompt="You tell long stories.")))
-    (folder / "terse.yaml").write_text(textwrap.dedent(PRESET.format(
-        name="Terse", description="Short, exact replies.", context=1536, temperature=0.0,
-        max_tokens=24, system_prompt="Answer in one short sentence.")))
+    small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
+                 system_prompt="You tell long stories.",
+                 sampling={"temperature": 0.9, "max_tokens": {"default": 400, "max": 512}})
+    small_preset(folder, "Terse", context=1536, description="Short, exact replies.",
+                 system_prompt="Answer in one short sentence.",
+                 sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})
     app = start_app("presets", "--presets-dir", str(folder), "--preset", "storyteller")
     yield app
     stop_app(app)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield browser
-        browser.close()
 
 
 def open_page(browser, url):

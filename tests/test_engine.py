@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import textwrap
 
 import psutil
 import pytest
@@ -12,21 +11,8 @@ from chat.engine import EngineRegistry, EngineState
 from chat.errors import EngineBusy
 from chat.presets import load_preset, load_presets
 from chat.stats import Finish
+from tests.conftest import small_preset
 from tests.test_stream import engine_idle, reply_to
-
-SMALL = """\
-name: {name}
-description: A small-cache variant for engine tests.
-model: embedded
-engine:
-  dtype: float32
-  max_model_len: {context}
-  kv_cache_memory_bytes: 268435456
-  enforce_eager: true
-  max_num_seqs: 8
-sampling:
-  max_tokens: {{default: 32, max: 512}}
-"""
 
 
 def engine_processes() -> list[psutil.Process]:
@@ -43,12 +29,7 @@ def engine_processes() -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def small_presets(tmp_path_factory):
     folder = tmp_path_factory.mktemp("presets")
-    presets = []
-    for name, context in (("Small A", 1024), ("Small B", 1536)):
-        path = folder / f"{name.lower().replace(' ', '-')}.yaml"
-        path.write_text(textwrap.dedent(SMALL.format(name=name, context=context)))
-        presets.append(load_preset(path))
-    return presets
+    return [load_preset(small_preset(folder, name, context=context)) for name, context in (("Small A", 1024), ("Small B", 1536))]
 
 
 async def test_presets_on_one_model_and_engine_share_one_engine_process(registry, engine):

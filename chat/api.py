@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
 from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, EngineError, InputError, PresetError, SettingsError
-from chat.history import Message
+from chat.history import Message, clean_text
 from chat.service import MAX_MESSAGE_CHARS, ChatService
 from chat.stream import Reply, paced
 
@@ -315,7 +315,7 @@ class Connection:
             if len(message.content) > MAX_MESSAGE_CHARS:
                 self.service.check_message(message.content)  # raises, saying how long it is
         preset.sampling.resolve(request.sampling)  # fail fast, before waiting for an engine
-        messages = [m.model_dump() for m in request.messages]
+        messages = [{"role": m.role, "content": clean_text(m.content)} for m in request.messages]
         if not any(m["role"] == "system" for m in messages) and preset.system_prompt.strip():
             messages.insert(0, {"role": "system", "content": preset.system_prompt.strip()})
         reply_log = ReplyLog(request_id)

@@ -15,6 +15,7 @@ Definitions (all client-observed, milliseconds unless said):
   TPOT     per request (last arrival - first arrival) / (tokens - 1), mean over requests.
   tok/s    output tokens of all requests of the run / wall time from the first send to the last
            arrival (fixed output length: ignore_eos).
+  queue    HTTP paths only: from sending to Gradio starting the handler (time in Gradio's queue).
   CPU/1k   user+system CPU seconds of the front-end process(es) during the run, per 1,000 output
            tokens (engine child processes excluded).
 """
@@ -67,6 +68,7 @@ class Timeline:
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (when, new tokens), text-carrying only
     tokens: int = 0  # output tokens of the reply (exact where known)
     error: str | None = None
+    handler_started: float | None = None  # HTTP paths: when Gradio began running the handler
 
     @property
     def ended(self) -> float:
@@ -112,6 +114,8 @@ class Summary:
     tok_s: float
     cpu_s_per_1k: float | None
     updates_per_reply: float
+    queue_p50_ms: float | None = None  # HTTP paths: sent -> Gradio starts the handler (its queue)
+    queue_p99_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +134,7 @@ def summarize(path: str, concurrency: int, timelines: Iterable[Timeline], cpu_s:
             itl.extend([(now - before) / k] * k)
         if t.tokens > 1 and len(t.arrivals) > 1:
             tpot.append((t.arrivals[-1][0] - t.arrivals[0][0]) / (t.tokens - 1))
+    queued = [t.handler_started - t.started for t in ok if t.handler_started is not None]
     tokens = sum(t.tokens for t in ok)
     wall = (max(t.ended for t in ok) - min(t.started for t in timelines)) if ok else math.nan
     return Summary(
@@ -149,6 +154,8 @@ def summarize(path: str, concurrency: int, timelines: Iterable[Timeline], cpu_s:
         tok_s=tokens / wall if ok and wall > 0 else math.nan,
         cpu_s_per_1k=None if cpu_s is None or not tokens else 1e3 * cpu_s / tokens,
         updates_per_reply=statistics.mean(len(t.arrivals) for t in ok) if ok else math.nan,
+        queue_p50_ms=1e3 * pct(queued, 50) if queued else None,
+        queue_p99_ms=1e3 * pct(queued, 99) if queued else None,
     )
 
 

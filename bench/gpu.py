@@ -5,9 +5,10 @@ Runs on the GPU host after /work/shared/gpu/stage.sh's tarball is unpacked into 
 gibberish and only the timings mean anything. In one call, within --deadline seconds:
 
   1. writes the model's config (Llama-3-8B geometry, SmolLM2's tokenizer) and a preset for it;
-  2. starts the raw engine (bench/raw_engine.py) and the app (app.py) side by side on the GPU,
-     each with its own KV-cache budget (kv_cache_memory_bytes) so they can start together;
-  3. closed loop at each concurrency level, raw and app in turn (each level warmed up first);
+  2. starts the raw engine (bench/raw_engine.py) and one or more app variants (app.py, or
+     bench/patched_app.py with more Gradio queue slots; --app) side by side on the GPU, each with
+     its own KV-cache budget (kv_cache_memory_bytes) so that they can start together;
+  3. closed loop at each concurrency level, every target in turn (each level warmed up first);
   4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
      first token reaches --ttft-slo-ms, then the app at the highest rate that passed (and the first
      that failed, when time allows);
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,28 @@ SHAPES = {
     "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                  num_key_value_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
 }
+
+
+@dataclass
+class AppVariant:
+    name: str
+    max_threads: int | None = None
+    flush_ms: int | None = None
+    levels: tuple[int, ...] = ()  # closed-loop levels to run it at; empty: all
+
+    @classmethod
+    def parse(cls, text: str) -> AppVariant:
+        name, *options = text.split(":")
+        variant = cls(name)
+        for option in options:
+            key, _, value = option.partition("=")
+            if key == "levels":
+                variant.levels = tuple(int(x) for x in value.split("/"))
+            elif key in ("max_threads", "flush_ms"):
+                setattr(variant, key, int(value))
+            else:
+                raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
+        return variant
 
 
 def write_model(model_dir: Path, tok_dir: Path, shape: str) -> dict[str, Any]:
@@ -106,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-gib", type=float, default=32.0, help="KV cache per engine (two engines share the GPU)")
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
+    ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:levels=1/8/..]; "
+                         "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the same steps on the CPU engine (tiny)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
     args = ap.parse_args(argv)
+    args.apps = args.apps or [AppVariant("app")]
     t_start = time.monotonic()
     left = lambda: args.deadline - (time.monotonic() - t_start)  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)
@@ -145,42 +173,58 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
         result["events"].append(line)
 
-    # Separate compile caches: the two engines compile at the same time.
+    # Separate compile caches: the engines compile at the same time.
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
     started: list[Target] = []
     try:
-        event(f"starting raw engine and app; {result['gpu']}")
-        raw = raw_path(preset, logs, {**env, "VLLM_CACHE_ROOT": "/tmp/vllm-cache-raw",
-                                      "TRITON_CACHE_DIR": "/tmp/triton-raw"}, args.context_lines)
+        event(f"starting the raw engine and {len(args.apps)} app(s); {result['gpu']}")
+
+        def own(name: str) -> dict[str, str]:
+            return {**env, "VLLM_CACHE_ROOT": f"/tmp/vllm-cache-{name}", "TRITON_CACHE_DIR": f"/tmp/triton-{name}"}
+
+        raw = raw_path(preset, logs, own("raw"), args.context_lines)
         started.append(raw)
-        app = app_path("app", preset, logs, {**env, "VLLM_CACHE_ROOT": "/tmp/vllm-cache-app",
-                                             "TRITON_CACHE_DIR": "/tmp/triton-app"}, count, args.context_lines,
-                       client_procs=args.client_procs)
-        started.append(app)
+        apps = []
+        for variant in args.apps:
+            apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
+                                 flush_ms=variant.flush_ms, client_procs=args.client_procs,
+                                 max_threads=variant.max_threads))
+            apps[-1].notes["levels"] = variant.levels
+            started.append(apps[-1])
         raw.servers[0].receive(timeout=max(60.0, left()))
         event("raw engine ready")
-        app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
-        event(f"app ready; {gpu_info()}")
-        our = [raw.servers[0].pid, app.servers[0].pid, os.getpid()]
+        for app in apps:
+            app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
+            event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
+                  f"flush {app.notes['flush_ms']} ms); {gpu_info()}")
+        our = [t.servers[0].pid for t in started] + [os.getpid()]
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
         index = 0
 
-        # Closed loop, level by level, raw and app in turn (order alternating per level).
+        def report(record: dict[str, Any], label: str) -> None:
+            s = record["summary"]
+            queue = "" if s.get("queue_p50_ms") is None else \
+                f"  gradio queue p50 {s['queue_p50_ms']:6.1f} p99 {s['queue_p99_ms']:7.1f} ms"
+            event(f"{label} {record['path']:<12} ttft p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms  "
+                  f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
+                  f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}{queue}")
+
+        # Closed loop, level by level, every target in turn (the order rotates per level).
         for li, c in enumerate(int(x) for x in args.levels.split(",")):
             if left() < 30:
                 event(f"deadline: skipping level {c} and later")
                 break
-            for target in ([raw, app] if li % 2 == 0 else [app, raw]):
+            targets = [raw] + [a for a in apps if not a.notes["levels"] or c in a.notes["levels"]]
+            turn = li % len(targets)
+            for target in targets[turn:] + targets[:turn]:
                 target.run(c, c, 900_000 + index, 8)  # warm-up: new batch shapes compile the sampler
                 index += c
+                time.sleep(1)
                 n = base.get(c, c)
                 record = measure(target, c, n, index, args.max_tokens, our, keep_timelines=False)
                 index += n
                 result["closed"].append(record)
-                s = record["summary"]
-                event(f"c={c:<3} {target.name:<4} ttft p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms  "
-                      f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
-                      f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}")
+                report(record, f"c={c:<3}")
                 save()
 
         # Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective.
@@ -193,30 +237,28 @@ def main(argv: list[str] | None = None) -> int:
             n = max(1, int(rate * args.rate_seconds))
             record = measure(raw, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
             index += n
-            p99 = pct(record["ttft_ms"], 99)
-            record["p99_ttft_ms"] = p99
+            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
             result["rates"].append(record)
-            event(f"rate {rate:5.1f}/s raw: {n} requests, p99 TTFT {p99:7.1f} ms, "
-                  f"{record['summary']['tok_s']:.0f} tok/s, err {record['summary']['errors']}")
+            report(record, f"rate {rate:4.1f}/s")
             save()
-            if p99 < args.ttft_slo_ms:
+            if record["p99_ttft_ms"] < args.ttft_slo_ms:
                 best = rate
             else:
                 failed = rate
                 break
         result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            if left() < args.rate_seconds + 30:
-                event(f"deadline: app not run at {rate}/s")
-                break
-            n = max(1, int(rate * args.rate_seconds))
-            record = measure(app, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
-            index += n
-            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
-            result["rates"].append(record)
-            event(f"rate {rate:5.1f}/s app: {n} requests, p99 TTFT {record['p99_ttft_ms']:7.1f} ms, "
-                  f"{record['summary']['tok_s']:.0f} tok/s, err {record['summary']['errors']}")
-            save()
+            for app in apps:
+                if left() < args.rate_seconds + 30:
+                    event(f"deadline: {app.name} not run at {rate}/s")
+                    continue
+                n = max(1, int(rate * args.rate_seconds))
+                record = measure(app, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
+                index += n
+                record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
+                result["rates"].append(record)
+                report(record, f"rate {rate:4.1f}/s")
+                save()
     finally:
         for target in started:
             for server in target.servers:
@@ -230,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [Summary(**r["summary"]) for r in result["closed"]]
     print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
     for r in result["rates"]:
-        print(f"rate {r['rate']:5.1f}/s {r['path']:<4} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
+        print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
               f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s")
     print(f"results: {out}  ({time.monotonic() - t_start:.0f} s)")
     return 0

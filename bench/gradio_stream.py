@@ -27,6 +27,7 @@ class ChatResult:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the last value seen
     completed: bool = False
     error: str | None = None
+    process_started: float | None = None  # monotonic, when the server began running the handler
 
     @property
     def text(self) -> str:
@@ -76,7 +77,9 @@ class GradioChat:
                     continue
                 message = json.loads(line[5:])
                 kind = message.get("msg")
-                if kind in ("process_generating", "process_completed"):
+                if kind == "process_starts":
+                    result.process_started = time.monotonic()
+                elif kind in ("process_generating", "process_completed"):
                     output = message.get("output") or {}
                     if kind == "process_completed" and not message.get("success", True):
                         result.error = str(output.get("error") or output)

@@ -29,6 +29,7 @@ class Reply:
     title: str = ""
     completed: bool = False
     error: str | None = None
+    process_started: float | None = None
 
 
 def _client(concurrency: int) -> httpx.AsyncClient:
@@ -42,7 +43,8 @@ async def _one(client: GradioChat, index: int, data: list[Any]) -> Reply:
         result = await client.chat(data)
     except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
         return Reply(index, started, error=repr(exc))
-    return Reply(index, result.started, result.updates, result.text, result.title, result.completed, result.error)
+    return Reply(index, result.started, result.updates, result.text, result.title, result.completed, result.error,
+                 result.process_started)
 
 
 async def _closed(url: str, payloads: list[tuple[int, list[Any]]], concurrency: int) -> list[Reply]:

@@ -92,7 +92,7 @@ def http_runner(url: str, data: Callable[[str, int], list[Any]], count: Callable
         procs = client_procs if concurrency >= 16 or rate else 1
         timelines = []
         for reply in send_all(url, payloads, concurrency=concurrency, rate=rate, procs=procs):
-            timeline = Timeline(started=reply.started, tokens=max_tokens)
+            timeline = Timeline(started=reply.started, tokens=max_tokens, handler_started=reply.process_started)
             if reply.error is not None and not reply.updates:
                 timeline.error = reply.error
                 timelines.append(timeline)
@@ -109,12 +109,18 @@ def http_runner(url: str, data: Callable[[str, int], list[Any]], count: Callable
 
 
 def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
-             context_lines: int, flush_ms: int | None = None, client_procs: int = 1) -> Target:
+             context_lines: int, flush_ms: int | None = None, client_procs: int = 1,
+             max_threads: int | None = None) -> Target:
+    """app.py as a subprocess; `max_threads`: launch it through bench/patched_app.py with that many
+    Gradio queue slots instead of Gradio's 40 (an experiment: app.py itself is unchanged)."""
     from chat.presets import load_preset
 
     spec = load_preset(preset)
     port = free_port()
-    argv = [python(), "app.py", "--port", str(port), "--presets-dir", str(preset.parent), "--preset", spec.name,
+    script = "app.py"
+    if max_threads:
+        script, env = "bench/patched_app.py", {**env, "BENCH_GRADIO_MAX_THREADS": str(max_threads)}
+    argv = [python(), script, "--port", str(port), "--presets-dir", str(preset.parent), "--preset", spec.name,
             "--max-waiting", "1024"]
     if flush_ms is not None:
         argv += ["--flush-ms", str(flush_ms)]
@@ -131,7 +137,7 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
 
     path = Target(name, [server], lambda: [server.pid],
                   http_runner(url, data, count, check, context_lines, client_procs))
-    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv}
+    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or 40}
     return path
 
 
@@ -254,7 +260,8 @@ def pooled(runs: list[dict[str, Any]]) -> list[Summary]:
         mine = [r for r in runs if r["path"] == path and r["concurrency"] == c]
         summaries = [Summary(**r["summary"]) for r in mine]
         timelines = [Timeline(**t) for r in mine for t in r["timelines"]]
-        timelines = [Timeline(t.started, [tuple(a) for a in t.arrivals], t.tokens, t.error) for t in timelines]
+        timelines = [Timeline(t.started, [tuple(a) for a in t.arrivals], t.tokens, t.error, t.handler_started)
+                     for t in timelines]
         cpu = sum(sum(r["frontend_cpu_s"]) for r in mine)
         out.append(merge(summaries, timelines, cpu))
     return out

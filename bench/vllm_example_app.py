@@ -49,6 +49,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--system-prompt", default=SYSTEM_PROMPT)
     ap.add_argument("--concurrency-limit", type=int, default=0,
                     help="Gradio's limit on replies at once; 0 means none (the published example keeps 1)")
+    ap.add_argument("--max-threads", type=int, default=40,
+                    help="Gradio's queue slots (and thread pool); Gradio's default is 40")
     return ap.parse_args()
 
 
@@ -87,7 +89,7 @@ def main() -> None:
     args = parse_args()
     demo = build(args)
     demo.queue(default_concurrency_limit=args.concurrency_limit or None).launch(
-        server_name=args.host, server_port=args.port, share=False
+        server_name=args.host, server_port=args.port, share=False, max_threads=args.max_threads
     )
 
 

@@ -1,0 +1,34 @@
+"""app.py, unchanged, except that Gradio is launched with more queue slots (a benchmark experiment).
+
+Gradio's queue runs at most `max_threads` events at once (default 40), whatever the events'
+concurrency limits: with more simultaneous readers than that, the rest wait in Gradio's queue
+before the app even sees them. This launcher runs app.main() with `demo.launch(max_threads=N)` to
+measure what raising it would do, without editing the app:
+
+    BENCH_GRADIO_MAX_THREADS=1024 python bench/patched_app.py --port 7861 ...   # app.py's flags
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if __name__ == "__main__":  # the CPU engine spawns processes that re-import this file
+    import gradio
+
+    slots = int(os.environ.get("BENCH_GRADIO_MAX_THREADS", "1024"))
+    original = gradio.Blocks.launch
+
+    def launch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("max_threads", slots)
+        return original(self, *args, **kwargs)
+
+    gradio.Blocks.launch = launch
+    sys.path.insert(0, str(ROOT))
+    sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
+    import app
+
+    sys.exit(app.main())

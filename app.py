@@ -18,6 +18,7 @@ from chat import settings
 from chat.presets import PresetCatalog, load_presets
 
 log = logging.getLogger("chat")
+QUEUE_SLOTS = 1024
 
 
 def print_presets(catalog: PresetCatalog) -> None:
@@ -114,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         share=args.share,
         auth=login.accounts if login else None,
         show_error=False,
+        # Gradio's queue runs at most max_threads events at once (40 by default), whatever their
+        # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
+        # Our handlers are async, so the slots cost no threads.
+        max_threads=QUEUE_SLOTS,
         app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, flush_s=flush_s), *metrics.routes(login)]},
     )
     return 0

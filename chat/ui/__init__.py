@@ -7,6 +7,7 @@ import gradio as gr
 from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui.chat_tab import chat_tab, settings_sidebar
+from chat.ui.compare_tab import compare_tab
 from chat.ui.monitor_tab import monitor_tab
 
 
@@ -18,6 +19,8 @@ def build_ui(
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, settings, concurrency_limit=concurrency_limit, flush_s=flush_s)
+            with gr.Tab("Compare", id="compare"):
+                compare_tab(service)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab(monitor)
     return demo

@@ -1,0 +1,503 @@
+"""The Compare tab: one prompt to two to four presets at once, streamed side by side, voted on.
+
+One event writes every column: each reply runs in its own task (driven by `chat.stream.paced`) and
+the event redraws all columns whenever any of them has news, so one person's comparison is batched
+by the engine like everyone else's replies. The record (turns, replies, stats, votes), the summary,
+the exports and the share link live in `chat.compare`; this module only streams and draws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+from gradio.context import get_blocks_context, get_render_context
+
+from chat import metrics
+from chat.compare import (
+    LABELS,
+    MAX_COLUMNS,
+    ComparedReply,
+    Comparison,
+    decode_link,
+    encode_link,
+    summarize,
+    write_exports,
+)
+from chat.errors import UNEXPECTED_ERROR, ChatError, InputError
+from chat.history import Message
+from chat.presets import Preset
+from chat.sampling import KNOB_NAMES, Knob, Sampling
+from chat.service import ChatService
+from chat.stream import Reply, paced
+from chat.ui.components import PlainNumber, PlainSlider
+from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, reply_messages, shown_text, stats_annotation
+
+log = logging.getLogger(__name__)
+
+INTRO = (
+    "Send one prompt to several presets at once and read the answers and numbers side by side. "
+    "Follow-up prompts continue each column's own conversation. In **blind** mode the columns are "
+    "shuffled and labelled A, B, …; vote on each turn, and the names are revealed after your first vote."
+)
+HIDDEN_DETAILS = "The preset and its exact settings are shown after you vote."
+STOPPED_EARLY = "Stopped by you before the reply started."
+EXPORTS = (("md", "Markdown"), ("csv", "CSV"), ("json", "JSON"))
+SHOW_LINK = "(query) => query ? window.location.origin + window.location.pathname + query : ''"
+K = len(KNOB_NAMES)
+
+
+@dataclass
+class Board:
+    """One browser session's comparison (in gr.State), and where its exports are written."""
+
+    comparison: Comparison | None = None
+    export_dir: Path | None = None
+
+    def exports(self) -> dict[str, Path]:
+        assert self.comparison is not None
+        self.export_dir = self.export_dir or Path(tempfile.mkdtemp(prefix="vllm-chat-compare-"))
+        return write_exports(self.comparison, self.export_dir)
+
+
+@dataclass
+class Job:
+    """One reply to write: the record entry it fills, its preset, and the conversation it answers."""
+
+    entry: ComparedReply
+    preset: Preset
+    messages: list[Message]
+    reply: Reply | None = None
+    waiting: str = "Waiting for the engine…"
+
+
+@dataclass
+class Writing:
+    """The replies one session is writing now, so that Stop reaches every column."""
+
+    jobs: list[Job]
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        for job in self.jobs:
+            if job.reply is not None:
+                job.reply.stop()
+
+
+async def write_all(service: ChatService, writing: Writing, flush_s: float) -> AsyncIterator[None]:
+    """Write every job's reply at once, each in its own task; yield whenever the view should redraw.
+
+    Redraws are coalesced to one per `flush_s` across all columns. Closing this generator cancels
+    the tasks, which aborts their engine requests.
+    """
+    loop = asyncio.get_running_loop()
+    changed: asyncio.Queue[Job] = asyncio.Queue()
+    submitted = time.monotonic()  # one moment for all columns: their first-token times compare
+
+    async def write(job: Job) -> None:
+        try:
+            async for status in service.engine_progress(job.preset):
+                job.waiting = status
+                changed.put_nowait(job)
+                if writing.stopped:
+                    break
+            if writing.stopped:
+                job.entry.error = STOPPED_EARLY
+                return
+            engine = await service.engine(job.preset)
+            job.reply = service.open_reply(engine, job.preset, job.messages, job.entry.sampling.as_dict(), submitted_at=submitted)
+            if writing.stopped:
+                job.reply.stop()
+            async with contextlib.aclosing(paced(job.reply, flush_s=flush_s)) as redraws:
+                async for _ in redraws:
+                    changed.put_nowait(job)
+        except ChatError as exc:
+            if job.reply is None:  # refused before reaching the engine (the stream counts its own)
+                metrics.rejected(job.preset.name, type(exc).__name__)
+            job.entry.error = exc.message
+        except Exception:
+            log.exception("Unexpected error while writing a compared reply")
+            job.entry.error = UNEXPECTED_ERROR
+        finally:
+            if job.reply is not None:
+                job.entry.text, job.entry.stats, job.entry.notice = job.reply.text, job.reply.stats, job.reply.notice
+            job.entry.finished = True
+            changed.put_nowait(job)
+
+    tasks = [loop.create_task(write(job)) for job in writing.jobs]
+    last = 0.0
+    try:
+        while not all(job.entry.finished for job in writing.jobs):
+            await changed.get()
+            await asyncio.sleep(max(0.0, flush_s - (loop.time() - last)))
+            while not changed.empty():
+                changed.get_nowait()
+            last = loop.time()
+            yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- how a column looks --------------------------------------------------------------------
+
+
+def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = ()) -> list[gr.ChatMessage]:
+    """The column's conversation: each prompt, its reply with stats beneath, and any reruns."""
+    live = {id(job.entry): job for job in jobs}
+    messages = []
+    for turn in comparison.turns:
+        messages.append(gr.ChatMessage(role="user", content=turn.prompt))
+        for entry in turn.attempts(column):
+            if entry.attempt > 1:
+                messages.append(annotation(f"↻ Rerun {entry.attempt - 1} of this prompt, same preset and settings"))
+            messages += entry_messages(comparison, entry, live.get(id(entry)))
+    return messages
+
+
+def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None) -> list[gr.ChatMessage]:
+    if not entry.finished:
+        if job is None or job.reply is None:
+            return [annotation(f"{WAITING} {job.waiting if job else 'Waiting…'}", pending=True)]
+        line = job.reply.progress.line(time.monotonic())
+        return reply_messages(job.reply, annotation(f"{WAITING} {line}", pending=True))
+    messages = [gr.ChatMessage(role="assistant", content=shown_text(entry.text))] if entry.text else []
+    if entry.error:
+        messages.append(annotation(f"{STOPPED if entry.error == STOPPED_EARLY else PROBLEM} {entry.error}"))
+    elif entry.stats is not None and comparison.revealed:
+        messages.append(stats_annotation(entry.stats, entry.notice))
+    elif entry.stats is not None:
+        notice = f"{PROBLEM} {entry.notice} · " if entry.notice else f"{STATS} "
+        messages.append(annotation(notice + entry.stats.summary(), HIDDEN_DETAILS))
+    return messages
+
+
+def summary_frames(comparison: Comparison | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The summary table, then the time-to-first-token and speed charts' data."""
+    rows = summarize(comparison) if comparison else []
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1000)
+
+    def one(value: float | None) -> float | None:
+        return None if value is None else round(value, 1)
+
+    table = pd.DataFrame(
+        [[r.label, r.preset, r.replies, ms(r.first_token_median_s), ms(r.first_token_p95_s), one(r.tokens_per_s_median),
+          one(r.length_median_tokens), r.votes_won] for r in rows],
+        columns=["Column", "Preset", "Replies", "Median first token (ms)", "95th percentile first token (ms)",
+                 "Median tokens/s", "Median length (tokens)", "Votes won"],
+    )
+    first_token = pd.DataFrame(
+        [{"bar": f"{r.label} {name}", "ms": ms(value)}
+         for r in rows for name, value in (("median", r.first_token_median_s), ("p95", r.first_token_p95_s)) if value is not None],
+        columns=["bar", "ms"],
+    ).astype({"ms": float})  # typed even when empty: the chart reads its axis type from the first value
+    speed = pd.DataFrame([{"column": r.label, "tokens/s": one(r.tokens_per_s_median)} for r in rows if r.tokens_per_s_median],
+                         columns=["column", "tokens/s"]).astype({"tokens/s": float})
+    return table, first_token, speed
+
+
+def knob_input(knob: Knob, slot: int) -> gr.components.Component:
+    kind = PlainNumber if knob.name == "seed" else PlainSlider
+    extra = {"precision": 0} if knob.name == "seed" else {"step": knob.step}
+    return kind(value=knob.default, minimum=knob.minimum, maximum=knob.maximum, label=knob.label, info=knob.help,
+                elem_id=f"compare-knob-{slot}-{knob.name}", **extra)
+
+
+class CompareTab:
+    """The tab's components, and its events as methods (each returns updates keyed by component)."""
+
+    def __init__(self, service: ChatService, flush_s: float) -> None:
+        self.service, self.flush_s = service, flush_s
+        self.writing: dict[str, Writing] = {}  # session -> the replies it is writing now
+        names = service.preset_names()
+        first = names[:2]
+        gr.Markdown(INTRO, elem_id="compare-intro")
+        self.board, self.slot_names = gr.State(Board()), gr.State(first)
+        with gr.Row():
+            self.picked = gr.CheckboxGroup(names, value=first, label="Presets to compare", scale=3, elem_id="compare-presets",
+                                           info="Two to four. Presets on one model share its engine.")
+            self.blind = gr.Checkbox(label="Blind", scale=1, elem_id="compare-blind",
+                                     info="Hide which preset wrote which column until you vote.")
+        self.slot_boxes, self.slot_headings, self.knobs = [], [], []
+        with gr.Accordion("Settings per preset", open=False, elem_id="compare-settings"), gr.Row():
+            for slot in range(MAX_COLUMNS):
+                preset = service.preset(first[slot] if slot < len(first) else None)
+                with gr.Column(visible=slot < len(first), min_width=220) as box:
+                    self.slot_boxes.append(box)
+                    self.slot_headings.append(gr.Markdown(f"**{preset.name}**"))
+                    self.knobs += [knob_input(knob, slot) for knob in preset.sampling.knobs]
+        self.column_boxes, self.headings, self.chatbots, self.reruns = [], [], [], []
+        with gr.Row(equal_height=False):
+            for i in range(MAX_COLUMNS):
+                with gr.Column(visible=i < len(first), min_width=260) as box:
+                    self.column_boxes.append(box)
+                    self.headings.append(gr.Markdown(f"### {LABELS[i]} · {first[i]}" if i < len(first) else "",
+                                                     elem_id=f"compare-heading-{i}"))
+                    self.chatbots.append(gr.Chatbot(show_label=False, elem_id=f"compare-chat-{i}", min_height=380, height=520))
+                    self.reruns.append(gr.Button("Rerun with these settings", size="sm", elem_id=f"compare-rerun-{i}"))
+        with gr.Row():
+            self.prompt = gr.Textbox(placeholder="One prompt for every column; press Enter to send", show_label=False,
+                                     scale=6, elem_id="compare-prompt")
+            self.send = gr.Button("Send", variant="primary", scale=1, elem_id="compare-send")
+            self.stop = gr.Button("Stop", variant="stop", scale=1, elem_id="compare-stop")
+            self.new = gr.Button("New comparison", scale=1, elem_id="compare-new")
+        self.status = gr.Markdown(elem_id="compare-status")
+        with gr.Row():
+            self.votes = [gr.Button(visible=False, elem_id=f"compare-vote-{i}", min_width=100) for i in range(MAX_COLUMNS + 2)]
+            self.rerun_turn = gr.Dropdown([], label="Turn that Rerun repeats", elem_id="compare-rerun-turn", scale=2)
+        gr.Markdown("### Session summary")
+        table, first_token, speed = summary_frames(None)
+        self.table = gr.Dataframe(table, interactive=False, elem_id="compare-summary", show_label=False)
+        with gr.Row():
+            self.first_token_plot = gr.BarPlot(first_token, x="bar", y="ms", y_lim=[0, None], height=260,
+                                               title="Time to first token: median and 95th percentile", x_title="Column and statistic",
+                                               y_title="ms", elem_id="compare-ttft-plot")
+            self.speed_plot = gr.BarPlot(speed, x="column", y="tokens/s", y_lim=[0, None], height=260,
+                                         title="Tokens per second (median)", x_title="Column", y_title="tokens/s",
+                                         elem_id="compare-speed-plot")
+        with gr.Row():
+            self.downloads = [gr.DownloadButton(f"Download {name}", interactive=False, elem_id=f"compare-export-{ext}")
+                              for ext, name in EXPORTS]
+            self.share = gr.Button("Make a share link", elem_id="compare-share")
+        self.link = gr.Textbox(label="Share link: opens this setup (presets, settings, prompt)", interactive=False,
+                               buttons=["copy"], elem_id="compare-link")
+        self.link_query = gr.Textbox(visible=False)
+        self.tabs = getattr(get_render_context(), "parent", None)  # the gr.Tabs around this tab: a link opens it
+        self.wire()
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.board, self.status, self.prompt, self.picked, self.blind, *self.column_boxes, *self.headings,
+                *self.chatbots, *self.votes, self.rerun_turn, self.table, self.first_token_plot, self.speed_plot,
+                *self.downloads, self.link_query]
+
+    @property
+    def setup_outputs(self) -> list[Any]:
+        return [self.slot_names, *self.slot_boxes, *self.slot_headings, *self.knobs, *self.column_boxes, *self.headings]
+
+    def wire(self) -> None:
+        quick = {"queue": False, "api_visibility": "undocumented", "show_progress": "hidden"}
+        streaming = {"concurrency_limit": None, "show_progress": "hidden"}  # never one person at a time
+        gr.on([self.send.click, self.prompt.submit], self.compare, [self.board, self.picked, self.blind, self.prompt,
+              *self.knobs], self.outputs, api_name="compare", **streaming)
+        for column, button in enumerate(self.reruns):
+            button.click(self.rerun_in(column), [self.board, self.rerun_turn], self.outputs,
+                         api_visibility="undocumented", **streaming)
+        for index, button in enumerate(self.votes):
+            button.click(self.vote_for(index), [self.board], self.outputs, **quick)
+        self.stop.click(self.stop_all, None, None, **quick)
+        self.new.click(self.start_over, [self.board, self.picked, self.blind], self.outputs, **quick)
+        self.picked.input(self.pick, [self.picked, self.blind, self.slot_names, *self.knobs],
+                          [self.picked, self.status, *self.setup_outputs], **quick)
+        self.blind.input(lambda picked, blind: self.headings_of(None, picked, blind), [self.picked, self.blind],
+                         self.setup_outputs, **quick)
+        self.share.click(self.share_link, [self.picked, self.blind, self.prompt, self.board, *self.knobs],
+                         [self.link_query, self.status], **quick)
+        self.link_query.change(None, [self.link_query], [self.link], js=SHOW_LINK, **quick)
+        load_outputs = [*self.setup_outputs, self.picked, self.blind, self.prompt, self.link_query, self.status]
+        if isinstance(self.tabs, gr.Tabs):
+            load_outputs.append(self.tabs)
+        get_blocks_context().root_block.load(self.open_link, None, load_outputs, **quick)
+
+    # --- views -------------------------------------------------------------------------------
+
+    def headings_of(self, comparison: Comparison | None, picked: Sequence[str], blind: bool) -> dict[Any, Any]:
+        count = len(comparison.columns) if comparison else len(picked)
+        out: dict[Any, Any] = {box: gr.Column(visible=i < count) for i, box in enumerate(self.column_boxes)}
+        for i in range(count):
+            title = comparison.title(i) if comparison else LABELS[i] + ("" if blind else f" · {picked[i]}")
+            out[self.headings[i]] = f"### {title}"
+        return out
+
+    def chats(self, comparison: Comparison | None, jobs: Sequence[Job] = ()) -> dict[Any, Any]:
+        return {bot: column_messages(comparison, i, jobs) if comparison and i < len(comparison.columns) else []
+                for i, bot in enumerate(self.chatbots)}
+
+    def after_turn(self, board: Board) -> dict[Any, Any]:
+        """Votes, rerun choices, summary, charts and exports, as they are after a turn or a vote."""
+        comparison = board.comparison
+        turns = comparison.turns if comparison else []
+        table, first_token, speed = summary_frames(comparison)
+        out: dict[Any, Any] = {self.board: board, self.table: table, self.first_token_plot: first_token,
+                               self.speed_plot: speed}
+        options = comparison.vote_options() if comparison and turns else []
+        voted = bool(turns and turns[-1].vote)
+        for i, button in enumerate(self.votes):
+            out[button] = gr.Button(options[i][0], visible=True, interactive=not voted) if i < len(options) else gr.Button(visible=False)
+        choices = [(f"{n}: {turn.prompt[:50]}", n - 1) for n, turn in enumerate(turns, 1)]
+        out[self.rerun_turn] = gr.Dropdown(choices=choices, value=len(turns) - 1 if turns else None)
+        paths = board.exports() if turns else {}
+        for (ext, _), button in zip(EXPORTS, self.downloads, strict=True):
+            out[button] = gr.DownloadButton(value=str(paths[ext]) if ext in paths else None, interactive=ext in paths)
+        return out
+
+    def setup(self, names: Sequence[str], values_by_name: dict[str, dict[str, Any]]) -> dict[Any, Any]:
+        """One settings slot per picked preset, with its ranges and the given (or its default) values."""
+        out: dict[Any, Any] = {self.slot_names: list(names)}
+        for slot, box in enumerate(self.slot_boxes):
+            out[box] = gr.Column(visible=slot < len(names))
+            if slot < len(names):
+                preset = self.service.preset(names[slot])
+                values = values_by_name.get(preset.name) or preset.sampling.defaults.as_dict()
+                out[self.slot_headings[slot]] = f"**{preset.name}**"
+                for knob, component in zip(preset.sampling.knobs, self.knobs[slot * K:(slot + 1) * K], strict=True):
+                    out[component] = gr.update(minimum=knob.minimum, maximum=knob.maximum, value=values[knob.name])
+        return out
+
+    def sampling_of(self, preset: Preset, picked: Sequence[str], knob_values: Sequence[Any]) -> Sampling:
+        if preset.name not in picked:
+            raise InputError(f"{preset.name} is not among the picked presets; press New comparison to change them.")
+        slot = list(picked).index(preset.name)
+        return preset.sampling.resolve(dict(zip(KNOB_NAMES, knob_values[slot * K:(slot + 1) * K], strict=True)))
+
+    def link_of(self, picked: Sequence[str], blind: bool, prompt: str, knob_values: Sequence[Any]) -> str:
+        presets = [self.service.preset(name) for name in picked]
+        return encode_link(presets, [self.sampling_of(p, picked, knob_values) for p in presets], prompt, blind)
+
+    # --- events ------------------------------------------------------------------------------
+
+    async def drive(self, board: Board, jobs: list[Job], session: str, first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
+        """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports."""
+        self.writing[session] = current = Writing(jobs)  # before any await: a second Send is refused
+        try:
+            yield first
+            async with contextlib.aclosing(write_all(self.service, current, self.flush_s)) as redraws:
+                async for _ in redraws:
+                    yield self.chats(board.comparison, jobs)
+            yield {**self.chats(board.comparison), **self.after_turn(board)}
+        finally:
+            if self.writing.get(session) is current:
+                del self.writing[session]
+
+    async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
+                      *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
+        """Send the prompt to every column (starting the comparison on the first one)."""
+        session = request.session_hash or ""
+        if session in self.writing:
+            yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
+            return
+        try:
+            text = self.service.check_message(prompt)
+            comparison = board.comparison or Comparison.start([self.service.preset(name) for name in picked], blind)
+            presets = [self.service.preset(column.preset) for column in comparison.columns]
+            sampling = [self.sampling_of(preset, picked, knob_values) for preset in presets]
+            first_prompt = comparison.turns[0].prompt if comparison.turns else text
+            query = self.link_of(picked, comparison.blind, first_prompt, knob_values)
+        except ChatError as exc:
+            yield {self.status: f"{PROBLEM} {exc.message}"}
+            return
+        board.comparison = comparison
+        turn = comparison.add_turn(text, sampling)
+        jobs = [Job(entry, presets[entry.column], comparison.messages(entry.column, len(comparison.turns) - 1))
+                for entry in turn.replies]
+        first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
+                 self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
+                 **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),
+                 **{button: gr.Button(interactive=False) for button in self.votes}}
+        async for update in self.drive(board, jobs, session, first):
+            yield update
+
+    def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
+        async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
+            """That turn's prompt again, in this column, with its preset and exact settings."""
+            comparison, session = board.comparison, request.session_hash or ""
+            if comparison is None or not comparison.turns or column >= len(comparison.columns):
+                yield {self.status: f"{PROBLEM} Send a prompt first; then each column can rerun it."}
+                return
+            if session in self.writing:
+                yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
+                return
+            index = len(comparison.turns) - 1 if turn is None else int(turn)
+            try:
+                entry = comparison.add_rerun(index, column)
+            except ChatError as exc:
+                yield {self.status: f"{PROBLEM} {exc.message}"}
+                return
+            job = Job(entry, self.service.preset(comparison.columns[column].preset), comparison.messages(column, index))
+            first = {self.status: "", **self.chats(comparison, [job]), **{b: gr.Button(interactive=False) for b in self.votes}}
+            async for update in self.drive(board, [job], session, first):
+                yield update
+
+        return rerun
+
+    def vote_for(self, index: int) -> Callable[[Board], dict[Any, Any]]:
+        def vote(board: Board) -> dict[Any, Any]:
+            comparison = board.comparison
+            options = comparison.vote_options() if comparison else []
+            try:
+                if comparison is None or index >= len(options):
+                    raise InputError("Send a prompt first, then vote on the replies.")
+                cast = comparison.vote(options[index][1])
+            except ChatError as exc:
+                return {self.status: f"{PROBLEM} {exc.message}"}
+            said = f"You voted “{comparison.vote_text(cast)}” on turn {len(comparison.turns)}."
+            names = "; ".join(f"{c.label} was {c.preset}" for c in comparison.columns)
+            return {self.status: f"{said} {names}." if cast.blind else said, **self.headings_of(comparison, [], False),
+                    **self.chats(comparison), **self.after_turn(board)}
+
+        return vote
+
+    async def stop_all(self, request: gr.Request) -> None:  # async: Reply.stop() aborts on this event loop
+        current = self.writing.get(request.session_hash or "")
+        if current is not None:
+            current.stop()
+
+    async def start_over(self, request: gr.Request, board: Board, picked: list[str], blind: bool) -> dict[Any, Any]:
+        await self.stop_all(request)
+        board.comparison = None
+        return {self.status: "", self.picked: gr.CheckboxGroup(interactive=True), self.blind: gr.Checkbox(interactive=True),
+                **self.headings_of(None, picked, blind), **self.chats(None), **self.after_turn(board)}
+
+    def pick(self, picked: list[str], blind: bool, slot_names: list[str], *knob_values: Any) -> dict[Any, Any]:
+        """Presets picked or unpicked: show their settings, keeping the values of those still picked."""
+        kept = picked[:MAX_COLUMNS]
+        old = {name: dict(zip(KNOB_NAMES, knob_values[i * K:(i + 1) * K], strict=True)) for i, name in enumerate(slot_names)}
+        status = f"{PROBLEM} Compare at most four presets at once." if len(picked) > MAX_COLUMNS else ""
+        return {**self.setup(kept, {name: old[name] for name in kept if name in old}),
+                **self.headings_of(None, kept, blind), self.picked: kept, self.status: status}
+
+    def share_link(self, picked: list[str], blind: bool, prompt: str, board: Board, *knob_values: Any) -> dict[Any, Any]:
+        turns = board.comparison.turns if board.comparison else []
+        try:
+            return {self.link_query: self.link_of(picked, blind, prompt or (turns[0].prompt if turns else ""), knob_values),
+                    self.status: ""}
+        except ChatError as exc:
+            return {self.status: f"{PROBLEM} {exc.message}"}
+
+    def open_link(self, request: gr.Request) -> dict[Any, Any]:
+        """A share link (?p=...&p=...&s1=...&q=...) opens this tab with its setup filled in."""
+        params = request.query_params
+        pairs = params.multi_items() if hasattr(params, "multi_items") else list(dict(params).items())
+        problem = ""
+        try:
+            found = decode_link(pairs, self.service.preset)
+        except ChatError as exc:
+            found, problem = None, f"{PROBLEM} This comparison link could not be opened: {exc.message}"
+        out: dict[Any, Any] = {}
+        if isinstance(self.tabs, gr.Tabs) and (found or problem):
+            out[self.tabs] = gr.Tabs(selected="compare")
+        if found is None:
+            return {**out, self.status: problem} if problem else out
+        values = {name: sampling.as_dict() for name, sampling in zip(found.presets, found.sampling, strict=True)}
+        presets = [self.service.preset(name) for name in found.presets]
+        return {**out, **self.setup(found.presets, values), **self.headings_of(None, found.presets, found.blind),
+                self.picked: list(found.presets), self.blind: found.blind, self.prompt: found.prompt,
+                self.link_query: encode_link(presets, found.sampling, found.prompt, found.blind),
+                self.status: "Opened from a share link: press Send to run it."}
+
+
+def compare_tab(service: ChatService, *, flush_s: float = 0.04) -> CompareTab:
+    return CompareTab(service, flush_s)

@@ -1,0 +1,154 @@
+"""The Compare tab in a real browser (Debian's Chromium, headless, driven by Playwright; the
+module-scoped `browser` fixture is in conftest)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.conftest import OUTPUT
+
+pytestmark = pytest.mark.browser
+
+CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
+TEXT = "#compare-chat-{} .bot-row .message:not(.thought) > [data-testid=bot]"
+TITLE = "#compare-chat-{} .bot-row .thought .title"
+
+
+@pytest.fixture
+def open_page(browser, app_server):
+    contexts = []
+
+    def open_page(query: str = ""):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(app_server.url + query)
+        page.get_by_role("tab", name="Compare").wait_for()  # tabs render their content once opened
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def heading(page, column: int) -> str:
+    return page.locator(f"#compare-heading-{column}").inner_text().strip()
+
+
+def set_number(page, selector: str, value: str) -> None:
+    """Type into a slider's number box once it shows its value (the accordion renders it on opening)."""
+    box = page.locator(selector)
+    page.wait_for_function(f"document.querySelector({selector!r})?.value !== ''")
+    for _ in range(5):
+        box.fill(value)
+        box.press("Tab")
+        time.sleep(0.3)
+        if box.input_value() == value:
+            return
+    raise AssertionError(f"{selector} kept {box.input_value()!r}")
+
+
+def watch_columns(page, within_s: float = 120) -> tuple[dict[int, list[str]], list[str]]:
+    """Poll both columns until each shows its stats line; return the texts seen growing, and the titles."""
+    seen: dict[int, list[str]] = {0: [], 1: []}
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for column in seen:
+            texts = page.locator(TEXT.format(column)).all_inner_texts()
+            if texts and not texts[-1].startswith("⏳") and (not seen[column] or texts[-1] != seen[column][-1]):
+                seen[column].append(texts[-1])
+        titles = [page.locator(TITLE.format(column)).all_inner_texts() for column in seen]
+        if all(t and "first token" in t[-1] for t in titles):
+            return seen, [t[-1] for t in titles]
+        time.sleep(0.05)
+    raise AssertionError(f"both columns should finish within {within_s} s; saw {seen}")
+
+
+def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page):
+    page = open_page()
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare-prompt textarea").wait_for()
+    presets = page.locator("#compare-presets")
+    presets.get_by_label(DETERMINISTIC).uncheck()
+    page.locator("#compare-heading-1").wait_for(state="hidden")
+    presets.get_by_label(DETERMINISTIC).check()
+    page.locator("#compare-heading-1").wait_for(state="visible")
+    assert presets.get_by_label(CREATIVE).is_checked()
+    page.locator("#compare-blind input").check()
+    page.wait_for_function("document.querySelector('#compare-heading-0')?.innerText.trim() === 'A'")
+    page.locator("#compare-settings").get_by_text("Settings per preset").click()
+    for slot in (0, 1):
+        set_number(page, f"#compare-knob-{slot}-max_tokens input[type=number]", "40")
+
+    page.locator("#compare-prompt textarea").fill("Write a short poem about the sea.")
+    page.locator("#compare-prompt textarea").press("Enter")
+    seen, titles = watch_columns(page)
+    for column, texts in seen.items():
+        assert len(texts) >= 3, f"column {column} should grow in steps, saw {texts}; stats: {titles}"
+        assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
+    for title in titles:
+        # at most 40 tokens: the creative preset may end its poem sooner
+        assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s · ([1-3]?\d|40) tokens · [\d.]+ m?s total", title), title
+    reply_box = page.locator(TEXT.format(0)).last.bounding_box()
+    stats_box = page.locator(TITLE.format(0)).last.bounding_box()
+    assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
+    assert (heading(page, 0), heading(page, 1)) == ("A", "B"), "names stay hidden until the vote"
+    assert "SmolLM2" not in page.locator("#compare-summary").inner_text()
+
+    votes = page.locator("[id^=compare-vote-]:visible")
+    assert votes.all_inner_texts() == ["A is better", "B is better", "Tie", "Both bad"]
+    page.locator("#compare-vote-0").click()
+    page.wait_for_function("document.querySelector('#compare-heading-0')?.innerText.includes('SmolLM2')")
+    status = page.locator("#compare-status").inner_text()
+    assert "You voted “A is better” on turn 1." in status and f"was {CREATIVE}" in status
+    names = {heading(page, 0).removeprefix("A · "), heading(page, 1).removeprefix("B · ")}
+    assert names == {CREATIVE, DETERMINISTIC}
+    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('SmolLM2')")
+    rows = [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
+            for row in page.locator("#compare-summary div[role=row]").all()]
+    assert [(row[0], row[2], row[-1]) for row in rows] == [("A", "1", "1"), ("B", "1", "0")], rows
+    assert all(0 < float(row[-2]) <= 40 for row in rows), rows
+    assert {rows[0][1], rows[1][1]} == names
+    page.screenshot(path=str(OUTPUT / "compare.png"), full_page=True)
+
+    with page.expect_download() as download:
+        page.locator("#compare-export-json").click()
+    assert download.value.suggested_filename == "comparison.json"
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    turn = data["turns"][0]
+    assert turn["prompt"] == "Write a short poem about the sea."
+    assert turn["vote"] == {"choice": "A", "text": "A is better", "cast_blind": True}
+    assert [r["sampling"]["max_tokens"] for r in turn["replies"]] == [40, 40]
+    assert all(0 < r["stats"]["generated_tokens"] <= 40 and r["text"].strip() for r in turn["replies"])
+    assert data["summary"][0]["votes_won"] == 1
+
+    page.locator("#compare-share").click()
+    page.wait_for_function("document.querySelector('#compare-link textarea')?.value.includes('blind=1')")
+    link = page.locator("#compare-link textarea").input_value()
+    assert link.startswith("http") and "s1=max_tokens:40&s2=max_tokens:40" in link and "q=Write%20a%20short%20poem" in link, link
+
+
+def test_a_share_link_opens_the_compare_tab_with_its_presets_settings_and_prompt(open_page):
+    query = (f"?p={quote(DETERMINISTIC)}&p={quote(CREATIVE)}&s2=temperature:0.3,max_tokens:32&blind=1"
+             f"&q={quote('Name three rivers.')}")
+    page = open_page(query)
+    page.wait_for_function("document.querySelector('#compare-prompt textarea')?.value === 'Name three rivers.'")
+    assert page.get_by_role("tab", name="Compare").get_attribute("aria-selected") == "true"
+    assert page.locator("#compare-blind input").is_checked()
+    assert page.locator("#compare-presets").get_by_label(CREATIVE).is_checked()
+    page.locator("#compare-settings").get_by_text("Settings per preset").click()
+    assert page.locator("#compare-knob-1-temperature input[type=number]").input_value() == "0.3"
+    assert page.locator("#compare-knob-1-max_tokens input[type=number]").input_value() == "32"
+    assert page.locator("#compare-knob-0-seed input").input_value() == "1234"  # the deterministic preset's own
+    assert "Opened from a share link" in page.locator("#compare-status").inner_text()
+
+    bad = open_page(f"?p=Nope&p={quote(CREATIVE)}")
+    bad.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('could not be opened')")
+    assert "There is no preset named 'Nope'" in bad.locator("#compare-status").inner_text()

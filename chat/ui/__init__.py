@@ -1,4 +1,4 @@
-"""The browser UI (the only package that imports Gradio): Chat and Monitor tabs, settings on the right."""
+"""The browser UI (the only package that imports Gradio): Chat, Compare and Monitor tabs."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ def build_ui(
 ) -> gr.Blocks:
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
         settings = settings_sidebar(service)  # first, so the chat finds its inputs already rendered
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, settings, concurrency_limit=concurrency_limit, flush_s=flush_s)
             with gr.Tab("Compare", id="compare"):
-                compare_tab(service)
+                compare_tab(service, demo, tabs, flush_s=flush_s)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab(monitor)
     return demo

@@ -1,14 +1,11 @@
 """The Compare tab: one prompt to two to four presets at once, streamed side by side, voted on.
 
-One event writes every column: each reply runs in its own task (driven by `chat.stream.paced`) and
-the event redraws all columns whenever any of them has news, so one person's comparison is batched
-by the engine like everyone else's replies. The record (turns, replies, stats, votes), the summary,
-the exports and the share link live in `chat.compare`; this module only streams and draws.
+One event writes every column (`chat.fanout`); the record (turns, replies, stats, votes), the
+summary, the exports and the share link live in `chat.compare`; this module only draws.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import tempfile
@@ -20,9 +17,7 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
-from gradio.context import get_blocks_context, get_render_context
 
-from chat import metrics
 from chat.compare import (
     LABELS,
     MAX_COLUMNS,
@@ -33,12 +28,11 @@ from chat.compare import (
     summarize,
     write_exports,
 )
-from chat.errors import UNEXPECTED_ERROR, ChatError, InputError
-from chat.history import Message
+from chat.errors import ChatError, InputError
+from chat.fanout import STOPPED_EARLY, Job, Writing, write_all
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, Knob, Sampling
 from chat.service import ChatService
-from chat.stream import Reply, paced
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, reply_messages, shown_text, stats_annotation
 
@@ -50,7 +44,6 @@ INTRO = (
     "shuffled and labelled A, B, …; vote on each turn, and the names are revealed after your first vote."
 )
 HIDDEN_DETAILS = "The preset and its exact settings are shown after you vote."
-STOPPED_EARLY = "Stopped by you before the reply started."
 EXPORTS = (("md", "Markdown"), ("csv", "CSV"), ("json", "JSON"))
 SHOW_LINK = "(query) => query ? window.location.origin + window.location.pathname + query : ''"
 K = len(KNOB_NAMES)
@@ -67,87 +60,6 @@ class Board:
         assert self.comparison is not None
         self.export_dir = self.export_dir or Path(tempfile.mkdtemp(prefix="vllm-chat-compare-"))
         return write_exports(self.comparison, self.export_dir)
-
-
-@dataclass
-class Job:
-    """One reply to write: the record entry it fills, its preset, and the conversation it answers."""
-
-    entry: ComparedReply
-    preset: Preset
-    messages: list[Message]
-    reply: Reply | None = None
-    waiting: str = "Waiting for the engine…"
-
-
-@dataclass
-class Writing:
-    """The replies one session is writing now, so that Stop reaches every column."""
-
-    jobs: list[Job]
-    stopped: bool = False
-
-    def stop(self) -> None:
-        self.stopped = True
-        for job in self.jobs:
-            if job.reply is not None:
-                job.reply.stop()
-
-
-async def write_all(service: ChatService, writing: Writing, flush_s: float) -> AsyncIterator[None]:
-    """Write every job's reply at once, each in its own task; yield whenever the view should redraw.
-
-    Redraws are coalesced to one per `flush_s` across all columns. Closing this generator cancels
-    the tasks, which aborts their engine requests.
-    """
-    loop = asyncio.get_running_loop()
-    changed: asyncio.Queue[Job] = asyncio.Queue()
-    submitted = time.monotonic()  # one moment for all columns: their first-token times compare
-
-    async def write(job: Job) -> None:
-        try:
-            async for status in service.engine_progress(job.preset):
-                job.waiting = status
-                changed.put_nowait(job)
-                if writing.stopped:
-                    break
-            if writing.stopped:
-                job.entry.error = STOPPED_EARLY
-                return
-            engine = await service.engine(job.preset)
-            job.reply = service.open_reply(engine, job.preset, job.messages, job.entry.sampling.as_dict(), submitted_at=submitted)
-            if writing.stopped:
-                job.reply.stop()
-            async with contextlib.aclosing(paced(job.reply, flush_s=flush_s)) as redraws:
-                async for _ in redraws:
-                    changed.put_nowait(job)
-        except ChatError as exc:
-            if job.reply is None:  # refused before reaching the engine (the stream counts its own)
-                metrics.rejected(job.preset.name, type(exc).__name__)
-            job.entry.error = exc.message
-        except Exception:
-            log.exception("Unexpected error while writing a compared reply")
-            job.entry.error = UNEXPECTED_ERROR
-        finally:
-            if job.reply is not None:
-                job.entry.text, job.entry.stats, job.entry.notice = job.reply.text, job.reply.stats, job.reply.notice
-            job.entry.finished = True
-            changed.put_nowait(job)
-
-    tasks = [loop.create_task(write(job)) for job in writing.jobs]
-    last = 0.0
-    try:
-        while not all(job.entry.finished for job in writing.jobs):
-            await changed.get()
-            await asyncio.sleep(max(0.0, flush_s - (loop.time() - last)))
-            while not changed.empty():
-                changed.get_nowait()
-            last = loop.time()
-            yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # --- how a column looks --------------------------------------------------------------------
@@ -219,8 +131,9 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
 class CompareTab:
     """The tab's components, and its events as methods (each returns updates keyed by component)."""
 
-    def __init__(self, service: ChatService, flush_s: float) -> None:
+    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, flush_s: float) -> None:
         self.service, self.flush_s = service, flush_s
+        self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
         self.writing: dict[str, Writing] = {}  # session -> the replies it is writing now
         names = service.preset_names()
         first = names[:2]
@@ -275,7 +188,6 @@ class CompareTab:
         self.link = gr.Textbox(label="Share link: opens this setup (presets, settings, prompt)", interactive=False,
                                buttons=["copy"], elem_id="compare-link")
         self.link_query = gr.Textbox(visible=False)
-        self.tabs = getattr(get_render_context(), "parent", None)  # the gr.Tabs around this tab: a link opens it
         self.wire()
 
     @property
@@ -307,10 +219,8 @@ class CompareTab:
         self.share.click(self.share_link, [self.picked, self.blind, self.prompt, self.board, *self.knobs],
                          [self.link_query, self.status], **quick)
         self.link_query.change(None, [self.link_query], [self.link], js=SHOW_LINK, **quick)
-        load_outputs = [*self.setup_outputs, self.picked, self.blind, self.prompt, self.link_query, self.status]
-        if isinstance(self.tabs, gr.Tabs):
-            load_outputs.append(self.tabs)
-        get_blocks_context().root_block.load(self.open_link, None, load_outputs, **quick)
+        load_outputs = [*self.setup_outputs, self.picked, self.blind, self.prompt, self.link_query, self.status, self.tabs]
+        self.demo.load(self.open_link, None, load_outputs, **quick)
 
     # --- views -------------------------------------------------------------------------------
 
@@ -499,5 +409,5 @@ class CompareTab:
                 self.status: "Opened from a share link: press Send to run it."}
 
 
-def compare_tab(service: ChatService, *, flush_s: float = 0.04) -> CompareTab:
-    return CompareTab(service, flush_s)
+def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, *, flush_s: float = 0.04) -> CompareTab:
+    return CompareTab(service, demo, tabs, flush_s)

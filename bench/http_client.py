@@ -1,4 +1,5 @@
-"""Many readers of a Gradio /chat endpoint at once, optionally spread over several processes.
+"""Many readers of the app at once (Gradio's /chat endpoint, or the app's own WebSocket API at
+/chat), optionally spread over several processes.
 
 Closed loop: `concurrency` readers, each sending its next message when its reply has ended.
 Open loop: messages sent at a steady rate whatever the server's state (arrivals, not readers).
@@ -9,7 +10,9 @@ of streams never makes the client the bottleneck; all processes read the same mo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -47,52 +50,87 @@ async def _one(client: GradioChat, index: int, data: list[Any]) -> Reply:
                  result.process_started)
 
 
-async def _closed(url: str, payloads: list[tuple[int, list[Any]]], concurrency: int) -> list[Reply]:
+async def _one_ws(url: str, index: int, request: dict[str, Any]) -> Reply:
+    """One reply over the app's WebSocket API (one connection per reply, as a browser tab would)."""
+    import websockets
+
+    reply = Reply(index, time.monotonic())
+    text = ""
+    try:
+        async with websockets.connect(url, max_size=None, open_timeout=120, ping_interval=None) as ws:
+            await ws.send(json.dumps({**request, "id": f"bench-{uuid.uuid4().hex}"}))
+            async for raw in ws:
+                event = json.loads(raw)
+                kind = event.get("type")
+                if kind == "delta":
+                    text += event["text"]
+                    reply.updates.append((time.monotonic(), len(text)))
+                elif kind == "stats":
+                    reply.title = f"{event['stats'].get('generated_tokens')} tokens"
+                elif kind == "done":
+                    reply.completed = True
+                    break
+                elif kind == "error":
+                    reply.error = event.get("message") or str(event)
+                    break
+    except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
+        reply.error = repr(exc)
+    reply.text = text
+    return reply
+
+
+async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, protocol: str) -> list[Reply]:
     async with _client(concurrency) as http:
-        client = GradioChat(http, url)
-        await client.fn_index()
+        if protocol == "gradio":
+            client = GradioChat(http, url)
+            await client.fn_index()
         todo = list(payloads)
         out: list[Reply] = []
 
         async def reader() -> None:
             while todo:
                 index, data = todo.pop(0)
-                out.append(await _one(client, index, data))
+                out.append(await (_one(client, index, data) if protocol == "gradio" else _one_ws(url, index, data)))
 
         await asyncio.gather(*(reader() for _ in range(max(1, concurrency))))
         return out
 
 
-async def _open(url: str, payloads: list[tuple[int, list[Any]]], t0: float, rate: float) -> list[Reply]:
+async def _open(url: str, payloads: list[tuple[int, Any]], t0: float, rate: float, protocol: str) -> list[Reply]:
     async with _client(len(payloads)) as http:
-        client = GradioChat(http, url)
-        await client.fn_index()
+        if protocol == "gradio":
+            client = GradioChat(http, url)
+            await client.fn_index()
         tasks = []
         for index, data in payloads:
             await asyncio.sleep(max(0.0, t0 + index / rate - time.monotonic()))
-            tasks.append(asyncio.create_task(_one(client, index, data)))
+            one = _one(client, index, data) if protocol == "gradio" else _one_ws(url, index, data)
+            tasks.append(asyncio.create_task(one))
         return list(await asyncio.gather(*tasks))
 
 
-def _shard(url: str, payloads: list[tuple[int, list[Any]]], concurrency: int, t0: float | None,
-           rate: float | None) -> list[Reply]:
+def _shard(url: str, payloads: list[tuple[int, Any]], concurrency: int, t0: float | None,
+           rate: float | None, protocol: str = "gradio") -> list[Reply]:
     if rate:
-        return asyncio.run(_open(url, payloads, t0 or time.monotonic(), rate))
-    return asyncio.run(_closed(url, payloads, concurrency))
+        return asyncio.run(_open(url, payloads, t0 or time.monotonic(), rate, protocol))
+    return asyncio.run(_closed(url, payloads, concurrency, protocol))
 
 
-def send_all(url: str, payloads: list[list[Any]], *, concurrency: int = 1, rate: float | None = None,
-             procs: int = 1) -> list[Reply]:
-    """Every payload sent once; replies in payload order. `rate`: requests per second (open loop)."""
+def send_all(url: str, payloads: list[Any], *, concurrency: int = 1, rate: float | None = None,
+             procs: int = 1, protocol: str = "gradio") -> list[Reply]:
+    """Every payload sent once; replies in payload order. `rate`: requests per second (open loop).
+    protocol "gradio": `url` is the app's page and payloads are /chat's inputs; "ws": `url` is the
+    WebSocket (ws://host:port/chat) and payloads are chat requests ({"type": "chat", ...})."""
     indexed = list(enumerate(payloads))
     procs = max(1, min(procs, concurrency if not rate else len(payloads), len(payloads)))
     if procs == 1:
-        replies = _shard(url, indexed, concurrency, time.monotonic() + 0.2 if rate else None, rate)
+        replies = _shard(url, indexed, concurrency, time.monotonic() + 0.2 if rate else None, rate, protocol)
     else:
         t0 = time.monotonic() + 2.0 if rate else None  # time for the client processes to start
         shares = [indexed[i::procs] for i in range(procs)]
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
         with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, share, n, t0, rate) for share, n in zip(shares, readers, strict=True)]
+            futures = [pool.submit(_shard, url, share, n, t0, rate, protocol)
+                       for share, n in zip(shares, readers, strict=True)]
             replies = [r for f in futures for r in f.result()]
     return sorted(replies, key=lambda r: r.index)

@@ -6,6 +6,9 @@ before the app even sees them. This launcher runs app.main() with `demo.launch(m
 measure what raising it would do, without editing the app:
 
     BENCH_GRADIO_MAX_THREADS=1024 python bench/patched_app.py --port 7861 ...   # app.py's flags
+
+With BENCH_CPROFILE=FILE it also runs the server's thread (the event loop that runs every handler)
+under cProfile and writes the stats to FILE when the app exits.
 """
 
 from __future__ import annotations
@@ -31,4 +34,26 @@ if __name__ == "__main__":  # the CPU engine spawns processes that re-import thi
     sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
     import app
 
-    sys.exit(app.main())
+    profile_to = os.environ.get("BENCH_CPROFILE")
+    if not profile_to:
+        sys.exit(app.main())
+    import cProfile
+
+    import uvicorn
+
+    profiler = cProfile.Profile()
+    serve = uvicorn.Server.run
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        profiler.enable()  # in the server's thread: the event loop that runs every handler
+        try:
+            return serve(self, *args, **kwargs)
+        finally:
+            profiler.disable()
+
+    uvicorn.Server.run = run
+    try:
+        code = app.main()
+    finally:
+        profiler.dump_stats(profile_to)
+    sys.exit(code)

@@ -8,7 +8,8 @@ fixed reply length (ignore_eos):
   raw      AsyncLLM.generate in a process of its own (bench/raw_engine.py): the ceiling;
   app      app.py over its real HTTP API (Gradio's queue protocol, endpoint /chat);
   example  a Gradio ChatInterface streaming from `python -m vllm.entrypoints.openai.api_server`
-           through the openai client (bench/vllm_example_app.py).
+           through the openai client (bench/vllm_example_app.py);
+  app-ws   (extra) the same app server read through its own WebSocket API at /chat, not Gradio.
 All servers run at once; for each repeat and concurrency level every path runs in turn, in a
 rotating order, so that drift on the machine touches all of them alike. A second phase compares the
 app's redraw interval (--flush-ms 0 against the default) the same way. Figures are defined in
@@ -82,16 +83,16 @@ def raw_path(preset: Path, logs: Path, env: dict[str, str], context_lines: int) 
     return Target("raw", [server], lambda: [server.pid], run)
 
 
-def http_runner(url: str, data: Callable[[str, int], list[Any]], count: Callable[[str], int],
+def http_runner(url: str, data: Callable[[str, int], Any], count: Callable[[str], int],
                 check: Callable[[Any, int], str | None], context_lines: int,
-                client_procs: int = 1) -> Callable[..., list[Timeline]]:
-    """Runs of a Gradio /chat endpoint (bench/http_client.py), as timelines."""
+                client_procs: int = 1, protocol: str = "gradio") -> Callable[..., list[Timeline]]:
+    """Runs of a Gradio /chat endpoint or the app's WebSocket API (bench/http_client.py), as timelines."""
 
     def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
         payloads = [data(user_message(first + i, context_lines), max_tokens) for i in range(requests)]
         procs = client_procs if concurrency >= 16 or rate else 1
         timelines = []
-        for reply in send_all(url, payloads, concurrency=concurrency, rate=rate, procs=procs):
+        for reply in send_all(url, payloads, concurrency=concurrency, rate=rate, procs=procs, protocol=protocol):
             timeline = Timeline(started=reply.started, tokens=max_tokens, handler_started=reply.process_started)
             if reply.error is not None and not reply.updates:
                 timeline.error = reply.error
@@ -139,6 +140,30 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
                   http_runner(url, data, count, check, context_lines, client_procs))
     path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or 40}
     return path
+
+
+def websocket_path(app: Target, preset: Path, count: Callable[[str], int], context_lines: int,
+                   client_procs: int = 1) -> Target:
+    """The same app server (and engine) as `app`, read through its own WebSocket API at /chat
+    instead of Gradio's queue: what the app costs without Gradio in the way."""
+    from chat.presets import load_preset
+
+    spec = load_preset(preset)
+    url = app.notes["url"].replace("http://", "ws://") + "chat"
+
+    def data(message: str, max_tokens: int) -> dict[str, Any]:
+        sampling = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "max_tokens": max_tokens,
+                    "repetition_penalty": REPETITION_PENALTY, "seed": -1}
+        return {"type": "chat", "preset": spec.name, "sampling": sampling,
+                "messages": [{"role": "system", "content": spec.system_prompt}, {"role": "user", "content": message}]}
+
+    def check(result: Any, max_tokens: int) -> str | None:
+        return None if result.title == f"{max_tokens} tokens" else f"unexpected stats: {result.title!r}"
+
+    target = Target("app-ws", [], app.frontend_pids,
+                    http_runner(url, data, count, check, context_lines, client_procs, protocol="ws"))
+    target.notes = {"url": url, "shares_server_with": app.name}
+    return target
 
 
 def example_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
@@ -325,7 +350,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--requests", default="1:6", help="requests per run as level:count; default: one per reader")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens in every reply (ignore_eos)")
     ap.add_argument("--context-lines", type=int, default=0, help="filler lines (~30 tokens each) per prompt")
-    ap.add_argument("--paths", default="raw,app,example", help="which paths to run")
+    ap.add_argument("--paths", default="raw,app,example,app-ws",
+                    help="which paths to run; app-ws reads the same app server through its WebSocket API")
     ap.add_argument("--flush", choices=["auto", "off"], default="auto",
                     help="phase 2, the app at --flush-ms 0 against its default (auto: when app.py has the flag)")
     ap.add_argument("--flush-repeats", type=int, default=2)
@@ -378,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             paths.append(raw_path(args.preset, logs, env, args.context_lines))
         if "app" in wanted:
             paths.append(app_path("app", args.preset, logs, env, count, args.context_lines))
+        if "app-ws" in wanted and "app" in wanted:
+            paths.append(websocket_path(paths[-1], args.preset, count, args.context_lines))
         if "example" in wanted:
             paths.append(example_path("example", args.preset, logs, env, count, args.context_lines, args.max_tokens))
         started += paths
@@ -391,9 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(paths)
         our_pids = [s.pid for p in started for s in p.servers] + [__import__("os").getpid()]
         print("Warming up ...", flush=True)
-        for p in paths:
-            p.run(8, 8, 10_000, min(8, args.max_tokens))
-            p.run(1, 1, 10_100, min(8, args.max_tokens))
+        for i, p in enumerate(paths):
+            p.run(8, 8, 10_000 + 100 * i, min(8, args.max_tokens))
+            p.run(1, 1, 10_050 + 100 * i, min(8, args.max_tokens))
         runs: list[dict[str, Any]] = []
         result["phases"]["paths"] = {"runs": runs, "notes": {p.name: {k: v for k, v in p.notes.items()
                                                                       if k != "api_server"} for p in paths}}

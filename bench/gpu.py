@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
 from bench.procs import ROOT
-from bench.run import Target, app_path, measure, raw_path, versions
+from bench.run import Target, app_path, measure, raw_path, versions, websocket_path
 
 SHAPES = {
     # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.5 B parameters)
@@ -52,6 +52,7 @@ class AppVariant:
     max_threads: int | None = None
     flush_ms: int | None = None
     levels: tuple[int, ...] = ()  # closed-loop levels to run it at; empty: all
+    ws: bool = False  # also read the same server through the app's WebSocket API ("NAME-ws")
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -63,6 +64,8 @@ class AppVariant:
                 variant.levels = tuple(int(x) for x in value.split("/"))
             elif key in ("max_threads", "flush_ms"):
                 setattr(variant, key, int(value))
+            elif key == "ws":
+                variant.ws = value not in ("0", "false", "no")
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
         return variant
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
-                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:levels=1/8/..]; "
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:levels=1/8/..][:ws=1]; "
                          "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the same steps on the CPU engine (tiny)")
@@ -191,9 +194,14 @@ def main(argv: list[str] | None = None) -> int:
                                  max_threads=variant.max_threads))
             apps[-1].notes["levels"] = variant.levels
             started.append(apps[-1])
+        for variant, app in zip(list(args.apps), list(apps), strict=True):
+            if variant.ws:
+                ws = websocket_path(app, preset, count, args.context_lines, args.client_procs)
+                ws.notes["levels"] = variant.levels
+                apps.append(ws)
         raw.servers[0].receive(timeout=max(60.0, left()))
         event("raw engine ready")
-        for app in apps:
+        for app in (a for a in apps if a.servers):
             app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
             event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
                   f"flush {app.notes['flush_ms']} ms); {gpu_info()}")

@@ -41,16 +41,31 @@ class Candidate:
     why: str = ""
 
 
+# vLLM's own defaults, as the app ran before it tuned the CPU engine (chat/cpu.py): float32, the
+# engine's threads on one core (the other reserved for the front end), the C library's malloc.
+BEFORE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "LD_PRELOAD": ""}
+BEFORE_ENGINE = {"dtype": "float32"}
+
+
+def changed(name: str, env: dict[str, str] | None = None, engine: dict[str, Any] | None = None, why: str = "") -> Candidate:
+    """vLLM's defaults with one change."""
+    return Candidate(name, {**BEFORE_ENV, **(env or {})}, {**BEFORE_ENGINE, **(engine or {})}, why)
+
+
 CANDIDATES = [
-    Candidate("baseline", why="the preset as shipped: worker bound to 1 core, the other reserved for the front end"),
-    Candidate("iomp", {"LD_PRELOAD": str(VENV_LIB / "libiomp5.so")}, why="Intel OpenMP (bundled) instead of GNU OpenMP"),
-    Candidate("tcmalloc", {"LD_PRELOAD": str(TCMALLOC)}, why="tcmalloc (Debian libtcmalloc-minimal4)"),
-    Candidate("tcmalloc+iomp", {"LD_PRELOAD": f"{TCMALLOC}:{VENV_LIB / 'libiomp5.so'}"}, why="both"),
-    Candidate("bind-both", {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, why="the worker's OpenMP threads on both cores"),
-    Candidate("nobind-2threads", {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"},
-              why="no binding, two OpenMP threads"),
-    Candidate("bf16", engine={"dtype": "bfloat16"}, why="bfloat16 weights (this CPU has AVX512-BF16)"),
-    Candidate("mnbt-512", engine={"max_num_batched_tokens": 512}, why="smaller prefill chunks"),
+    changed("baseline", why="vLLM's defaults: float32, engine on 1 core, the other reserved for the front end"),
+    changed("iomp", {"LD_PRELOAD": str(VENV_LIB / "libiomp5.so")}, why="Intel OpenMP (bundled) instead of GNU OpenMP"),
+    changed("tcmalloc", {"LD_PRELOAD": str(TCMALLOC)}, why="tcmalloc (Debian libtcmalloc-minimal4)"),
+    changed("tcmalloc+iomp", {"LD_PRELOAD": f"{TCMALLOC}:{VENV_LIB / 'libiomp5.so'}"}, why="both"),
+    changed("bind-both", {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, why="the engine's OpenMP threads on both cores"),
+    changed("nobind-2threads", {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"},
+            why="no binding, two OpenMP threads"),
+    changed("bf16", engine={"dtype": "bfloat16"}, why="bfloat16 weights (this CPU has AVX512-BF16)"),
+    changed("mnbt-512", engine={"max_num_batched_tokens": 512}, why="smaller prefill chunks"),
+    changed("bf16+bind-both", {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, {"dtype": "bfloat16"}, why="the two best together"),
+    changed("bf16+bind-both+tcmalloc", {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": str(TCMALLOC)},
+            {"dtype": "bfloat16"}, why="and tcmalloc"),
+    Candidate("app", why="what the app picks on this machine (chat/cpu.py)"),
 ]
 
 

@@ -46,13 +46,13 @@ def build(preset_path: Path) -> tuple[Any, Any]:
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from chat.engine import engine_arguments
     from chat.models import resolve_model
     from chat.presets import load_preset
 
     preset = load_preset(preset_path)
     folder = resolve_model(preset, report=lambda line: print(line, file=sys.stderr))
-    engine_args = dict(preset.engine)
-    engine_args.setdefault("served_model_name", folder.name)
+    engine_args = engine_arguments(preset, folder)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(folder), **engine_args))
     return preset, llm
 

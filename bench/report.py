@@ -38,14 +38,48 @@ def rows(summaries: list[Summary], base: str = "raw") -> str:
     return "\n".join(out)
 
 
+def median_rows(runs: list[dict[str, Any]], base: str = "raw") -> str:
+    """Each figure's median over repeats, and the median of the per-repeat ratios to `base` (the
+    ratio is taken within a repeat, so drift between repeats cancels)."""
+    import statistics
+
+    def med(xs: list[float]) -> float:
+        xs = [x for x in xs if x is not None and not math.isnan(x)]
+        return statistics.median(xs) if xs else math.nan
+
+    out = ["| streams | path | repeats | TTFT p50 | vs raw (ms) | TTFT p99 | ITL p50 | ITL p99 | tok/s | vs raw | CPU s / 1k tok |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    keys = sorted({(r["concurrency"], r["path"]) for r in runs}, key=lambda k: (k[0], k[1] != base, k[1]))
+    for c, p in keys:
+        mine = [r for r in runs if r["path"] == p and r["concurrency"] == c]
+        diffs, ratios = [], []
+        for r in mine:
+            b = next((x for x in runs if x["path"] == base and x["concurrency"] == c and x["repeat"] == r["repeat"]), None)
+            if b is not None and p != base:
+                diffs.append(r["summary"]["ttft_p50_ms"] - b["summary"]["ttft_p50_ms"])
+                ratios.append(r["summary"]["tok_s"] / b["summary"]["tok_s"])
+
+        def m(key: str, mine: list[dict[str, Any]] = mine) -> float:
+            return med([r["summary"][key] for r in mine])
+
+        tok = m("tok_s")
+        out.append(f"| {c} | {p} | {len(mine)} | {num(m('ttft_p50_ms'))} | {num(med(diffs), '{:+.0f}') if diffs else ''} | "
+                   f"{num(m('ttft_p99_ms'))} | {num(m('itl_p50_ms'), '{:.1f}')} | {num(m('itl_p99_ms'), '{:.1f}')} | "
+                   f"{num(tok, '{:.1f}' if tok < 1000 else '{:.0f}')} | {num(med(ratios), '{:.2f}') if ratios else ''} | "
+                   f"{num(m('cpu_s_per_1k'), '{:.2f}')} |")
+    return "\n".join(out)
+
+
 def cpu_report(data: dict[str, Any]) -> str:
     parts = [f"{data['date']} · {data['machine']['cpu']}, {data['machine']['cores']} cores · "
              + ", ".join(f"{k} {v}" for k, v in data["versions"].items())]
     for phase in ("paths", "flush"):
         ph = data["phases"].get(phase) or {}
+        base = "raw" if phase == "paths" else "app"
         if "summary" in ph:
-            parts.append(f"\n{phase}:\n\n" + rows([Summary(**s) for s in ph["summary"]],
-                                                   "raw" if phase == "paths" else "app"))
+            parts.append(f"\n{phase}, all repeats pooled:\n\n" + rows([Summary(**s) for s in ph["summary"]], base))
+        if ph.get("runs"):
+            parts.append(f"\n{phase}, medians over repeats:\n\n" + median_rows(ph["runs"], base))
     spread = data["phases"].get("paths", {}).get("per_repeat_vs_raw")
     if spread:
         parts.append("\nper repeat, tok/s ratio to raw and TTFT p50 difference (ms):\n")

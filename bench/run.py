@@ -169,16 +169,19 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
 def example_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
                  context_lines: int, max_tokens: int, concurrency_limit: int = 0,
                  api: Server | None = None, api_port: int | None = None, client_procs: int = 1) -> Target:
+    from chat.engine import engine_arguments
     from chat.models import resolve_model
     from chat.presets import load_preset
 
     spec = load_preset(preset)
     folder = resolve_model(spec, report=print)
+    engine = engine_arguments(spec, folder)  # as the app completes them (and the CPU environment)
+    engine.pop("served_model_name")
     if api is None:
         api_port = free_port()
         argv = [python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
                 "--served-model-name", folder.name, "--host", "127.0.0.1", "--port", str(api_port),
-                "--disable-uvicorn-access-log", *engine_flags(spec.engine)]
+                "--disable-uvicorn-access-log", *engine_flags(engine)]
         api = Server("vllm api_server", argv, logs / "api_server.log", env=base_env(env)).start()
     port = free_port()
     argv = [python(), "bench/vllm_example_app.py", "--model-url", f"http://127.0.0.1:{api_port}/v1",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chat import metrics
+from chat import cpu, metrics
 from chat.errors import ChatError, EngineBusy, EngineError, EngineFailed
 from chat.models import resolve_model, weights_bytes
 from chat.presets import Preset
@@ -88,6 +88,18 @@ def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
+    """The preset's engine arguments completed for this machine. On a CPU, a preset that names no
+    dtype gets the fastest one for the processor, and the engine's processes the environment that
+    suits it (chat/cpu.py)."""
+    engine_args = dict(preset.engine)
+    engine_args.setdefault("served_model_name", preset.model if preset.model_kind == "hub" else folder.name)
+    if on_cpu():
+        engine_args.setdefault("dtype", cpu.best_dtype())
+        cpu.tune_environment()
+    return engine_args
 
 
 @dataclass
@@ -170,8 +182,7 @@ class Engine:
         self.phase = "finding the model"
         folder = resolve_model(self.preset, report=self._report)
         self.model_dir = folder
-        engine_args = dict(self.preset.engine)
-        engine_args.setdefault("served_model_name", self.preset.model if self.preset.model_kind == "hub" else folder.name)
+        engine_args = engine_arguments(self.preset, folder)
         args = AsyncEngineArgs(model=str(folder), **engine_args)
         if on_cpu():
             kv_bytes = engine_args.get("kv_cache_memory_bytes") or 4 << 30

@@ -44,6 +44,23 @@ async def test_presets_on_one_model_and_engine_share_one_engine_process(registry
     assert reply.stats.preset == deterministic.name
 
 
+async def test_the_cpu_engine_runs_with_the_fastest_settings_for_this_processor(engine):
+    import os
+
+    import torch
+
+    from chat import cpu
+
+    assert engine.llm.model_config.dtype == getattr(torch, cpu.best_dtype())
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= cpu.SMALL_MACHINE_CORES:
+        # vLLM pins each OpenMP thread of the model's worker to one core: every core has one.
+        workers = [c for p in engine_processes() for c in p.children(recursive=True) if "Worker" in c.name()]
+        affinities = [psutil.Process(t.id).cpu_affinity() for w in workers for t in w.threads()]
+        pinned = {cores_of[0] for cores_of in affinities if len(cores_of) == 1}
+        assert workers and pinned == set(cores), "the engine's threads may use every core"
+
+
 async def test_budget_concurrency_and_unloading(small_presets):
     """One registry whose budget holds one small engine, exercised step by step."""
     first, second = small_presets

@@ -108,7 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _interrupt)
     atexit.register(_end_children)
-    demo.queue(default_concurrency_limit=None)
     demo.launch(
         server_name=args.host,
         server_port=args.port,
@@ -119,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
         # Our handlers are async, so the slots cost no threads.
         max_threads=QUEUE_SLOTS,
-        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, flush_s=flush_s), *metrics.routes(login)]},
+        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, flush_s=flush_s, grace_s=args.resume_grace_s), *metrics.routes(login)]},
     )
     return 0
 

@@ -51,6 +51,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("flush_ms", ("CHAT_FLUSH_MS",), 40,
             "Most often a streaming reply is redrawn, in milliseconds (the first token is always shown at once); "
             "0 redraws on every token.", int),
+    Setting("resume_grace_s", ("CHAT_RESUME_GRACE_S",), 30.0,
+            "Seconds a WebSocket API reply keeps running after its connection drops, waiting for the client to "
+            "resume it; then it is stopped.", float),
     Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",

@@ -12,7 +12,9 @@ from chat.engine import EngineState
 from chat.service import ChatService
 
 
-def routes(service: ChatService, login: Login | None = None, flush_s: float = 0.04) -> list[BaseRoute]:
+def routes(
+    service: ChatService, login: Login | None = None, flush_s: float = 0.04, grace_s: float = api.GRACE_S
+) -> list[BaseRoute]:
     """/healthz (open, for load balancers: states and counts only) and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
         """200 when every loaded engine is ready; 503 with the reason while one starts or failed."""
@@ -40,4 +42,7 @@ def routes(service: ChatService, login: Login | None = None, flush_s: float = 0.
             body["reason"] = "; ".join(e["status"] for e in engines) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    return [Route("/healthz", healthz, methods=["GET"]), *api.routes(service, allows=login.allows if login else None, flush_s=flush_s)]
+    return [
+        Route("/healthz", healthz, methods=["GET"]),
+        *api.routes(service, allows=login.allows if login else None, grace_s=grace_s, flush_s=flush_s),
+    ]

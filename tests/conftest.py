@@ -122,9 +122,12 @@ def stop_app(app: RunningApp) -> None:
         app.process.wait()
 
 
+RESUME_GRACE_S = 10  # the shared app's: shorter than the longest reply the embedded model writes
+
+
 @pytest.fixture(scope="session")
 def app_server() -> Iterator[RunningApp]:
-    app = start_app("app")
+    app = start_app("app", "--resume-grace-s", str(RESUME_GRACE_S))
     yield app
     stop_app(app)
 

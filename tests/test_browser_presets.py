@@ -42,8 +42,8 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     switcher = open_page(browser, two_engine_app.url)
     send(reader, "Tell me a long story about a cat who sails around the world.")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not reader.locator(REPLY_TEXT).all_inner_texts():
-        time.sleep(0.1)
+    while time.monotonic() < deadline and not "".join(reader.locator(REPLY_TEXT).all_inner_texts()).strip():
+        time.sleep(0.1)  # the reply's bubble shows before its first word: wait for words
 
     # Pick the other preset: its card, system prompt and sliders follow, and its engine loads.
     switcher.locator("#preset input").click()

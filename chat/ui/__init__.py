@@ -6,7 +6,7 @@ import gradio as gr
 
 from chat.monitor import Monitor
 from chat.service import ChatService
-from chat.ui import lazy_session
+from chat.ui import gradio_overhead
 from chat.ui.chat_tab import chat_tab, settings_sidebar
 from chat.ui.compare_tab import compare_tab
 from chat.ui.monitor_tab import monitor_tab
@@ -15,7 +15,7 @@ from chat.ui.monitor_tab import monitor_tab
 def build_ui(
     service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None, flush_s: float = 0.04
 ) -> gr.Blocks:
-    lazy_session.install()
+    gradio_overhead.install()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
         settings = settings_sidebar(service)  # first, so the chat finds its inputs already rendered
         with gr.Tabs() as tabs:
@@ -25,4 +25,5 @@ def build_ui(
                 compare_tab(service, demo, tabs, flush_s=flush_s)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab(monitor)
+    gradio_overhead.enable_queue(demo)
     return demo

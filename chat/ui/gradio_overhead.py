@@ -1,0 +1,154 @@
+"""Keep Gradio's per-event bookkeeping that this app does not use off the streaming path.
+
+Found by the benchmark on an H200 host (README "Benchmark"), where Gradio's event loop, not the
+engine, limited replies at 64 and more streams:
+
+- Per browser session Gradio keeps the configuration of every component on the page
+  (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for this
+  app's ~150 components on a 2-core machine: a burst of 256 new visitors queued 1-3 s of it in front
+  of their first tokens), rebuilds a `gr.State`'s on every event that writes it, and builds each
+  input's on its first event. Only Gradio's deep links read them, and the app has none: here each
+  is built when first read, with the latest value Gradio recorded for it, so a reader sees what
+  Gradio would have built.
+- After every finished event Gradio rebuilds a pandas summary of up to 10,000 past events for its
+  optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
+  /metrics and Monitor tab cover this).
+- With `status_update_rate="auto"` every event that starts sends a queue-position update to every
+  event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, ValuesView
+from typing import Any
+
+import gradio
+from gradio.components import State
+from gradio.state_holder import SessionState
+
+_UNSET = object()
+
+
+class LazyBlockConfigs(dict):
+    """`SessionState.config_values`, built one block at a time when first read."""
+
+    def __init__(self, blocks_config: Any, block_ids: Iterable[int]) -> None:
+        super().__init__()
+        self._blocks_config = blocks_config
+        self._order = list(block_ids)
+        self._pending: dict[int, Any] = dict.fromkeys(self._order)  # id -> block to build from (None: the current)
+        self._values: dict[int, Any] = {}  # id -> the value Gradio last recorded for a block not built yet
+
+    def __missing__(self, key: int) -> dict:
+        if key not in self._pending:
+            raise KeyError(key)
+        block = self._pending.pop(key) or self._blocks_config.blocks[key]
+        config = self._blocks_config.config_for_block(key, [], block)
+        value = self._values.pop(key, _UNSET)
+        if value is not _UNSET and "props" in config:
+            config["props"]["value"] = value
+        super().__setitem__(key, config)
+        return config
+
+    def __setitem__(self, key: int, config: dict) -> None:
+        self._pending.pop(key, None)
+        self._values.pop(key, None)
+        super().__setitem__(key, config)
+
+    def build_later(self, key: int, block: Any) -> None:
+        """Forget `key`'s configuration; build it from `block` when it is read."""
+        super().pop(key, None)
+        self._values.pop(key, None)
+        self._pending[key] = block
+        if key not in self._order:
+            self._order.append(key)
+
+    def set_value(self, key: int, value: Any) -> None:
+        """What `SessionState._update_value_in_config` does, without building the configuration."""
+        if super().__contains__(key):
+            config = super().__getitem__(key)
+            if "props" in config:
+                config["props"]["value"] = value
+            return
+        if key not in self._pending:
+            self.build_later(key, None)
+        self._values[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pending or super().__contains__(key)
+
+    def _build_all(self) -> None:
+        if self._pending:  # in the page's order, as Gradio builds them
+            built = {key: self[key] for key in self._order if key in self}
+            rest = {key: value for key, value in super().items() if key not in built}
+            self.clear()
+            self.update(built | rest)
+
+    def items(self) -> ItemsView:  # type: ignore[override]
+        self._build_all()
+        return super().items()
+
+    def keys(self) -> KeysView:  # type: ignore[override]
+        self._build_all()
+        return super().keys()
+
+    def values(self) -> ValuesView:  # type: ignore[override]
+        self._build_all()
+        return super().values()
+
+    def __iter__(self) -> Iterator[int]:
+        self._build_all()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        return super().__len__() + len(self._pending)
+
+
+class _NoBlocks:
+    """A stand-in for the Blocks that lets Gradio's own __init__ run with nothing to build."""
+
+    def __init__(self, blocks: gradio.Blocks) -> None:
+        self.default_config = blocks.default_config
+        self.blocks: dict[int, Any] = {}
+
+
+def _init(self: SessionState, blocks: gradio.Blocks) -> None:
+    _gradio_init(self, _NoBlocks(blocks))
+    self.config_values = LazyBlockConfigs(
+        self.blocks_config, (k for k in self.blocks_config.blocks if k in blocks.blocks)
+    )
+
+
+def _setitem(self: SessionState, key: int, value: Any) -> None:
+    # Gradio's SessionState.__setitem__, but the configuration is built when read.
+    block = self.blocks_config.blocks.get(key)
+    if isinstance(block, State):
+        self._state_ttl[key] = (block.time_to_live, datetime.datetime.now())
+        self.state_data[key] = value
+    else:
+        self.blocks_config.blocks[key] = value
+    if block:
+        self.config_values.build_later(key, block)
+
+
+def _update_value_in_config(self: SessionState, key: int, value: Any) -> None:
+    self.config_values.set_value(key, value)
+
+
+_PATCHES = {"__init__": _init, "__setitem__": _setitem, "_update_value_in_config": _update_value_in_config}
+GRADIO_METHODS = {name: SessionState.__dict__[name] for name in _PATCHES}  # before install() replaces them
+_gradio_init = GRADIO_METHODS["__init__"]
+
+
+def install() -> None:
+    """Idempotent; called when the UI is built."""
+    for name, function in _PATCHES.items():
+        setattr(SessionState, name, function)
+
+
+def enable_queue(demo: gradio.Blocks) -> None:
+    """`demo.queue()`: nobody waits behind anybody (vLLM batches them), and the bookkeeping above stays down."""
+    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**9))  # read by the Queue being made
+    demo.queue(default_concurrency_limit=None, status_update_rate=1)

@@ -1,4 +1,5 @@
-"""Finding a preset's model: Hugging Face repo ids through huggingface_hub's real cache code."""
+"""Finding a preset's model: Hugging Face repo ids through huggingface_hub's real cache and download code
+(a hub on loopback serves the embedded model)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,92 @@ def test_download_progress_is_reported_once_per_percent():
         progress.update(5_000_000)  # 0.25% each
     progress.update(20_000_000)
     assert lines == ["Downloading org/model: 0% of 2.0 GB", "Downloading org/model: 1% of 2.0 GB", "Downloading org/model: 2% of 2.0 GB"]
+
+
+class FakeHub:
+    """A Hugging Face hub on loopback serving one repo, with the endpoints huggingface_hub's
+    snapshot_download uses (file list, then HEAD and GET of each file), and a log of requests."""
+
+    def __init__(self, repo_id: str, source: Path) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        files = {f.name: f.read_bytes() for f in source.iterdir() if f.is_file() and not f.name.startswith("conversion-")}
+        commit = hashlib.sha1(repo_id.encode()).hexdigest()
+        self.requests: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                hub.requests.append(f"{self.command} {self.path}")
+
+            def reply(self, code: int, body: bytes = b"", **headers: str) -> None:
+                self.send_response(code)
+                for key, value in headers.items():
+                    self.send_header(key.replace("_", "-"), value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command == "GET":
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path.startswith(f"/api/models/{repo_id}/tree/"):
+                    tree = [{"type": "file", "path": name, "size": len(body), "oid": hashlib.sha1(body).hexdigest()}
+                            for name, body in files.items()]
+                    return self.reply(200, json.dumps(tree).encode(), Content_Type="application/json")
+                if path.startswith(f"/{repo_id}/resolve/{commit}/") and (name := path.rsplit("/", 1)[1]) in files:
+                    body = files[name]
+                    return self.reply(200, body, X_Repo_Commit=commit, ETag=f'"{hashlib.sha256(body).hexdigest()}"')
+                if path.startswith(f"/api/models/{repo_id}"):
+                    return self.reply(200, json.dumps({"id": repo_id, "sha": commit}).encode(),
+                                      Content_Type="application/json")
+                self.reply(404, X_Error_Code="RepoNotFound", X_Error_Message="Repository not found")
+
+            do_HEAD = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_hub(hub_cache, monkeypatch):
+    import huggingface_hub.constants as hub
+
+    server = FakeHub(REPO, embedded.ensure_converted(report=print))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "ENDPOINT", server.url)
+    monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    yield server
+    server.close()
+
+
+def test_a_hub_model_is_downloaded_once_with_progress(fake_hub, tmp_path):
+    source = embedded.ensure_converted(report=print)
+    lines: list[str] = []
+    folder = resolve_model(hub_preset(tmp_path, REPO), report=lines.append)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (folder / name).read_bytes() == (source / name).read_bytes()
+    assert lines[0] == f"Downloading {REPO} from Hugging Face"
+    percents = [line for line in lines if line.startswith(f"Downloading {REPO}: ") and line.endswith(" GB")]
+    assert len(percents) > 10 and percents[-1].startswith(f"Downloading {REPO}: 100% of 0.")
+    assert len(set(lines)) == len(lines), "each progress line is reported once"
+    weights = [r for r in fake_hub.requests if r.startswith("GET ") and r.endswith("/model.safetensors")]
+    assert len(weights) == 1
+
+    fake_hub.close()  # now the hub is gone: the cached copy is used without asking it
+    again: list[str] = []
+    assert resolve_model(hub_preset(tmp_path, REPO), report=again.append) == folder
+    assert again == []
+
+
+def test_an_unknown_repo_on_the_hub_is_named(fake_hub, tmp_path):
+    with pytest.raises(ModelUnavailable) as error:
+        resolve_model(hub_preset(tmp_path, "local-test/no-such-model"), report=print)
+    assert error.value.message == "There is no Hugging Face repo local-test/no-such-model (or it is private: set HF_TOKEN)."

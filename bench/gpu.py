@@ -6,7 +6,7 @@ gibberish and only the timings mean anything. In one call, within --deadline sec
 
   1. writes the model's config (Llama-3-8B geometry, SmolLM2's tokenizer) and a preset for it;
   2. starts the raw engine (bench/raw_engine.py) and one or more app variants (app.py, or
-     bench/patched_app.py with more Gradio queue slots; --app) side by side on the GPU, each with
+     bench/patched_app.py with another number of Gradio queue slots; --app) side by side on the GPU, each with
      its own KV-cache budget (kv_cache_memory_bytes) so that they can start together;
   3. closed loop at each concurrency level, every target in turn (each level warmed up first);
   4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
@@ -235,6 +235,18 @@ def main(argv: list[str] | None = None) -> int:
                 report(record, f"c={c:<3}")
                 save()
 
+        def at_rate(target: Target, rate: float) -> dict[str, Any]:
+            """Requests arriving steadily at `rate` per second for --rate-seconds."""
+            nonlocal index
+            n = max(1, int(rate * args.rate_seconds))
+            record = measure(target, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
+            index += n
+            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
+            result["rates"].append(record)
+            report(record, f"rate {rate:4.1f}/s")
+            save()
+            return record
+
         # Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective.
         best: float | None = None
         failed: float | None = None
@@ -242,13 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             if left() < args.rate_seconds + 45:
                 event(f"deadline: stopping the rate search before {rate}/s")
                 break
-            n = max(1, int(rate * args.rate_seconds))
-            record = measure(raw, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
-            index += n
-            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
-            result["rates"].append(record)
-            report(record, f"rate {rate:4.1f}/s")
-            save()
+            record = at_rate(raw, rate)
             if record["p99_ttft_ms"] < args.ttft_slo_ms:
                 best = rate
             else:
@@ -260,13 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 if left() < args.rate_seconds + 30:
                     event(f"deadline: {app.name} not run at {rate}/s")
                     continue
-                n = max(1, int(rate * args.rate_seconds))
-                record = measure(app, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
-                index += n
-                record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
-                result["rates"].append(record)
-                report(record, f"rate {rate:4.1f}/s")
-                save()
+                at_rate(app, rate)
     finally:
         for target in started:
             for server in target.servers:

@@ -1,11 +1,11 @@
-"""app.py, unchanged, except that Gradio is launched with more queue slots (a benchmark experiment).
+"""app.py, unchanged, except for the number of Gradio queue slots (a benchmark experiment).
 
-Gradio's queue runs at most `max_threads` events at once (default 40), whatever the events'
-concurrency limits: with more simultaneous readers than that, the rest wait in Gradio's queue
-before the app even sees them. This launcher runs app.main() with `demo.launch(max_threads=N)` to
-measure what raising it would do, without editing the app:
+Gradio's queue runs at most `max_threads` events at once (Gradio's default 40, app.py's
+QUEUE_SLOTS), whatever the events' concurrency limits: with more simultaneous readers than that,
+the rest wait in Gradio's queue before the app even sees them. This launcher runs app.main() with
+`demo.launch(max_threads=N)` to measure another number without editing the app:
 
-    BENCH_GRADIO_MAX_THREADS=1024 python bench/patched_app.py --port 7861 ...   # app.py's flags
+    BENCH_GRADIO_MAX_THREADS=40 python bench/patched_app.py --port 7861 ...   # app.py's flags
 
 With BENCH_CPROFILE=FILE it also runs the server's thread (the event loop that runs every handler)
 under cProfile and writes the stats to FILE when the app exits.
@@ -26,7 +26,7 @@ if __name__ == "__main__":  # the CPU engine spawns processes that re-import thi
     original = gradio.Blocks.launch
 
     def launch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        kwargs.setdefault("max_threads", slots)
+        kwargs["max_threads"] = slots  # app.py passes its own
         return original(self, *args, **kwargs)
 
     gradio.Blocks.launch = launch

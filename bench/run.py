@@ -113,7 +113,8 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
              context_lines: int, flush_ms: int | None = None, client_procs: int = 1,
              max_threads: int | None = None) -> Target:
     """app.py as a subprocess; `max_threads`: launch it through bench/patched_app.py with that many
-    Gradio queue slots instead of Gradio's 40 (an experiment: app.py itself is unchanged)."""
+    Gradio queue slots instead of app.py's QUEUE_SLOTS (an experiment: app.py itself is unchanged)."""
+    from app import QUEUE_SLOTS
     from chat.presets import load_preset
 
     spec = load_preset(preset)
@@ -138,7 +139,7 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
 
     path = Target(name, [server], lambda: [server.pid],
                   http_runner(url, data, count, check, context_lines, client_procs))
-    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or 40}
+    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or QUEUE_SLOTS}
     return path
 
 

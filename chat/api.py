@@ -38,7 +38,7 @@ from starlette.websockets import WebSocket, WebSocketState
 from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, EngineError, InputError, PresetError, SettingsError
 from chat.history import Message, clean_text
 from chat.service import MAX_MESSAGE_CHARS, ChatService
-from chat.stream import Reply, paced
+from chat.stream import FLUSH_S, Reply, paced
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ def routes(
     *,
     allows: Callable[[HTTPConnection], bool] | None = None,
     grace_s: float = GRACE_S,
-    flush_s: float = 0.04,
+    flush_s: float = FLUSH_S,
 ) -> list[BaseRoute]:
     """The /chat WebSocket. `allows` (e.g. a login check) refuses connections it returns False for."""
     store = ReplyStore()

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 30.0  # no new token for this long: the request is given up
 TOTAL_TIMEOUT_S = 600.0  # and no reply may take longer than this in all
+FLUSH_S = 0.04  # a streaming reply is redrawn at most this often (--flush-ms)
 BUSY = "The demo is busy, try again in a moment."
 
 
@@ -242,7 +243,7 @@ class Reply:
         )
 
 
-async def paced(reply: Reply, flush_s: float = 0.04, tick_s: float = 0.5) -> AsyncGenerator[None, None]:
+async def paced(reply: Reply, flush_s: float = FLUSH_S, tick_s: float = 0.5) -> AsyncGenerator[None, None]:
     """Drive `reply.stream()` and yield whenever the reader's view should be redrawn.
 
     The first token is shown at once; later text is coalesced to one redraw per `flush_s`, so the

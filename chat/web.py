@@ -10,10 +10,11 @@ from chat import api
 from chat.auth import Login
 from chat.engine import EngineState
 from chat.service import ChatService
+from chat.stream import FLUSH_S
 
 
 def routes(
-    service: ChatService, login: Login | None = None, flush_s: float = 0.04, grace_s: float = api.GRACE_S
+    service: ChatService, login: Login | None = None, flush_s: float = FLUSH_S, grace_s: float = api.GRACE_S
 ) -> list[BaseRoute]:
     """/healthz (open, for load balancers: states and counts only) and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:

@@ -6,6 +6,7 @@ import gradio as gr
 
 from chat.monitor import Monitor
 from chat.service import ChatService
+from chat.stream import FLUSH_S
 from chat.ui import gradio_overhead
 from chat.ui.chat_tab import chat_tab, settings_sidebar
 from chat.ui.compare_tab import compare_tab
@@ -13,7 +14,7 @@ from chat.ui.monitor_tab import monitor_tab
 
 
 def build_ui(
-    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None, flush_s: float = 0.04
+    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None, flush_s: float = FLUSH_S
 ) -> gr.Blocks:
     gradio_overhead.install()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:

@@ -33,6 +33,7 @@ from chat.fanout import STOPPED_EARLY, Job, Writing, write_all
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, Knob, Sampling
 from chat.service import ChatService
+from chat.stream import FLUSH_S
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, reply_messages, shown_text, stats_annotation
 
@@ -409,5 +410,5 @@ class CompareTab:
                 self.status: "Opened from a share link: press Send to run it."}
 
 
-def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, *, flush_s: float = 0.04) -> CompareTab:
+def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, *, flush_s: float = FLUSH_S) -> CompareTab:
     return CompareTab(service, demo, tabs, flush_s)

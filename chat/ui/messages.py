@@ -72,8 +72,6 @@ def preset_card(preset: Preset) -> str:
     )
 
 
-
-
 def conversation_markdown(history: list[dict]) -> str:
     """The chat as Markdown: each turn, and each reply's stats with its preset and settings."""
     lines = ["# Conversation", ""]

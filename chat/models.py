@@ -64,19 +64,18 @@ def download(repo_id: str, report: Report) -> Path:
 def _progress_class(repo_id: str, report: Report) -> type:
     from tqdm.auto import tqdm
 
-    last_line = ""
+    reported: set[str] = set()
 
     class DownloadProgress(tqdm):  # type: ignore[misc]
-        """tqdm that also reports to the UI, at most once per percent (huggingface_hub may draw
-        several bars for one download: each line is reported once)."""
+        """tqdm that also reports to the UI, at most once per percent (huggingface_hub draws several
+        bars for one download, interleaved: each line is reported once)."""
 
         def update(self, n: float | None = 1) -> bool | None:
-            nonlocal last_line
             shown = super().update(n)
             if self.total and self.unit == "B":
                 line = f"Downloading {repo_id}: {int(100 * self.n / self.total)}% of {self.total / 1e9:.1f} GB"
-                if line != last_line:
-                    last_line = line
+                if line not in reported:
+                    reported.add(line)
                     report(line)
             return shown
 

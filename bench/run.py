@@ -12,7 +12,7 @@ fixed reply length (ignore_eos):
   app-ws   (extra) the same app server read through its own WebSocket API at /chat, not Gradio.
 All servers run at once; for each repeat and concurrency level every path runs in turn, in a
 rotating order, so that drift on the machine touches all of them alike. A second phase compares the
-app's redraw interval (--flush-ms 0 against the default) the same way. Figures are defined in
+app's redraw interval (the default against --flush-against, 0 = every token) the same way. Figures are defined in
 bench/common.py. Results go to bench/results/ (JSON, PNG) and a table is printed.
 """
 
@@ -50,6 +50,7 @@ from bench.common import (
 )
 from bench.http_client import send_all
 from bench.procs import ROOT, Server, base_env, cpu_seconds, free_port, machine_busy_seconds, python, tree_cpu_seconds
+from chat.stream import FLUSH_S
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_PRESET = ROOT / "bench" / "presets" / "smollm2-135m-cpu-bench.yaml"
@@ -357,8 +358,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--paths", default="raw,app,example,app-ws",
                     help="which paths to run; app-ws reads the same app server through its WebSocket API")
     ap.add_argument("--flush", choices=["auto", "off"], default="auto",
-                    help="phase 2, the app at --flush-ms 0 against its default (auto: when app.py has the flag)")
+                    help="phase 2, the app at another --flush-ms against its default (auto: when app.py has the flag)")
     ap.add_argument("--flush-repeats", type=int, default=2)
+    ap.add_argument("--flush-against", type=int, default=0, metavar="MS",
+                    help="phase 2 compares the default against this --flush-ms (0: a redraw per token)")
     ap.add_argument("--example-limit-1", action="store_true",
                     help="also run vLLM's example with its published concurrency limit of 1, at c=8 once")
     ap.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
@@ -448,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["phases"]["flush"] = {"skipped": "app.py has no --flush-ms flag"}
             else:
                 app = next(p for p in paths if p.name == "app")
-                every = app_path("app-flush0", args.preset, logs, env, count, args.context_lines, flush_ms=0)
+                every = app_path(f"app-flush{args.flush_against}", args.preset, logs, env, count, args.context_lines,
+                                 flush_ms=args.flush_against)
                 started.append(every)
                 wait_ready([every])
                 our_pids.append(every.servers[0].pid)
@@ -478,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CPU used by other processes during the runs: median {statistics.median(foreign):.2f}, "
               f"max {max(foreign):.2f} of {machine()['cores']} cores")
     if flush_summaries:
-        print("\nRedraw interval: app (default 40 ms) against app-flush0 (every token)\n" + table(flush_summaries)
+        print(f"\nRedraw interval: app (default {FLUSH_S * 1000:.0f} ms) against app-flush{args.flush_against}\n"
+              + table(flush_summaries)
               + "\n\n" + ratio_table(flush_summaries, "app"))
     png = out.with_suffix(".png")
     if chart(summaries, str(png), title):

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.browser
 def two_engine_app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("presets")
     small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
-                 system_prompt="You tell long stories.",
+                 system_prompt="You tell long stories.", examples=["Tell me a story about a lighthouse."],
                  sampling={"temperature": 0.9, "max_tokens": {"default": 400, "max": 512}})
     small_preset(folder, "Terse", context=1536, description="Short, exact replies.",
-                 system_prompt="Answer in one short sentence.",
+                 system_prompt="Answer in one short sentence.", examples=["What is 2 + 2?"],
                  sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})
     app = start_app("presets", "--presets-dir", str(folder), "--preset", "storyteller")
     yield app
@@ -53,7 +53,10 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     )
     assert switcher.locator("#system-prompt textarea").input_value() == "Answer in one short sentence."
     assert switcher.locator("#knob-max_tokens input[type=number]").input_value() == "24"
-    send(switcher, "What colour is the sky?")
+    switcher.get_by_text("What is 2 + 2?").wait_for()  # the empty chat offers the new preset's examples
+    assert not switcher.get_by_text("Tell me a story about a lighthouse.").is_visible()
+    switcher.get_by_text("What is 2 + 2?").click()  # and clicking one asks it
+    switcher.wait_for_function("document.querySelector('#chatbot .user-row')?.innerText.includes('2 + 2')")
     switcher.wait_for_function(  # the new engine is loading, and the page says so with the time
         "/Starting the engine for Terse: .*\\d+ s/.test(document.querySelector('#chatbot').innerText)",
         timeout=30_000,

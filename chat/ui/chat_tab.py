@@ -131,11 +131,17 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         finally:
             service.close_reply(session, reply)
 
+    # Gradio wires clicks on a chat's examples only when it starts with some, so presets' own
+    # examples replace each other only then.
+    switch_examples = bool(default.examples)
+
     async def on_preset_change(name: str) -> list[Any]:
         preset = service.preset(name)
         updates: list[Any] = [title_of(preset), preset_card(preset), preset.system_prompt]
         for knob in preset.sampling.knobs:
             updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=knob.default))
+        if switch_examples:
+            updates.append(gr.update(examples=[{"text": example} for example in preset.examples] or None))
         return updates
 
     async def warm_up(name: str) -> str:
@@ -184,7 +190,10 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
     )
     settings.preset.change(
-        on_preset_change, [settings.preset], [title, settings.card, settings.system_prompt, *settings.knobs], **internal
+        on_preset_change,
+        [settings.preset],
+        [title, settings.card, settings.system_prompt, *settings.knobs, *([chatbot] if switch_examples else [])],
+        **internal,
     ).then(warm_up, [settings.preset], [status], **internal)
     gr.Timer(2.0).tick(engine_status, [settings.preset], [status], show_progress="hidden", **internal)
 

@@ -66,9 +66,10 @@ def preset_card(preset: Preset) -> str:
     engine_args = preset.non_default_engine_args()
     args = ", ".join(f"`{key}: {value}`" for key, value in engine_args.items()) or "vLLM's defaults"
     model = "SmolLM2-135M-Instruct (embedded)" if preset.model_kind == "embedded" else preset.model
+    tags = f" · Tags: {html.escape(', '.join(preset.tags))}" if preset.tags else ""
     return (
         f"**{html.escape(preset.name)}**: {html.escape(preset.description)}\n\n"
-        f"Model: `{model}` · {needs} · Engine: {args}"
+        f"Model: `{model}` · {needs} · Engine: {args}{tags}"
     )
 
 

@@ -94,6 +94,7 @@ class ReplyStream:
         self.stats: dict[str, Any] | None = None  # ReplyStats.as_dict(); None after the fallback
         self.finish: str | None = None
         self.summary: str | None = None
+        self.notice: str | None = None  # a plain sentence that came with the reply (e.g. why it timed out)
         self.via: str | None = None  # "websocket" or "gradio"
         self.reconnects = 0
         self.restarted = False  # the fallback began again after some text had been yielded
@@ -166,6 +167,7 @@ class ReplyStream:
                     self.summary = stats_summary(event["stats"])
                 elif kind == "done":
                     self.finish = event["finish"]
+                    self.notice = event.get("notice")
                     return
                 elif kind == "error":
                     if event["code"] == "unknown_id" and self._last_index < 0:
@@ -190,15 +192,28 @@ class ReplyStream:
             raise ChatApiError("refused", str(exc)) from exc
         except Exception as exc:
             raise ConnectionError(f"The chat server at {self.url} cannot be reached ({exc}).") from exc
-        text = "".join(m["content"] for m in messages if not (m.get("metadata") or {}).get("title"))
-        title = (messages[-1].get("metadata") or {}).get("title", "") if messages else ""
-        if title.startswith(PROBLEM_MARK):
-            raise ChatApiError("error", title.removeprefix(PROBLEM_MARK))
-        from chat.stats import Finish
-
-        self.summary = title.removeprefix(STATS_MARK)
-        self.finish = next((f.name.lower() for f in Finish if self.summary.endswith(f.value)), "unknown")
+        text, self.summary, self.finish, self.notice = read_reply(messages)
         return text
+
+
+def read_reply(messages: list[dict[str, Any]]) -> tuple[str, str, str, str | None]:
+    """The text, stats line, finish and notice of a reply the Gradio API returned as messages.
+
+    The last message's title is the stats line; "⚠️ sentence" alone is a refusal (raised), and
+    "⚠️ sentence · stats line" a reply that ended early (a timeout) with what it wrote.
+    """
+    from chat.stats import Finish
+
+    text = "".join(m["content"] for m in messages if not (m.get("metadata") or {}).get("title"))
+    title = (messages[-1].get("metadata") or {}).get("title", "") if messages else ""
+    notice = None
+    if title.startswith(PROBLEM_MARK):
+        notice, _, title = title.removeprefix(PROBLEM_MARK).partition(" · ")
+        if not title:
+            raise ChatApiError("error", notice)
+    summary = title.removeprefix(STATS_MARK)
+    finish = next((f.name.lower() for f in Finish if summary.endswith(f.value)), "unknown")
+    return text, summary, finish, notice
 
 
 def parser() -> argparse.ArgumentParser:
@@ -240,6 +255,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{exc}", file=sys.stderr)
         return 2
     print()
+    if stream.notice:
+        print(stream.notice, file=sys.stderr)
     print(stream.summary or stream.finish, file=sys.stderr)
     return 0
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import websockets
 
-from chat.client import ReplyStream, websocket_url
+from chat.client import ChatApiError, ReplyStream, read_reply, websocket_url
 from tests.conftest import RESUME_GRACE_S, ROOT, free_port
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -310,3 +310,20 @@ def test_the_command_line_client_prints_the_reply_then_the_stats(app_server):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert refused.returncode == 1 and "Temperature must be a number from 0 to 2; it was 9." in refused.stderr
+
+
+def test_the_fallback_reads_a_timed_out_reply_and_raises_a_refusal():
+    """The Gradio API's messages, as chat/ui/messages.py titles them (unit test of the parsing)."""
+    stats = "first token 90 ms · 8.1 tokens/s · 40 tokens · 60.2 s total · timed out"
+    timed_out = [
+        {"role": "assistant", "content": "Once upon a time", "metadata": None},
+        {"role": "assistant", "content": "", "metadata": {"title": f"⚠️ The model produced nothing for 60 s. · {stats}"}},
+    ]
+    assert read_reply(timed_out) == ("Once upon a time", stats, "timed_out", "The model produced nothing for 60 s.")
+    finished = [{"role": "assistant", "content": "Hi!", "metadata": None},
+                {"role": "assistant", "content": "", "metadata": {"title": "📊 first token 50 ms · 1 tokens · finished"}}]
+    assert read_reply(finished)[1:] == ("first token 50 ms · 1 tokens · finished", "finished", None)
+    refused = [{"role": "assistant", "content": "", "metadata": {"title": "⚠️ Type a message first."}}]
+    with pytest.raises(ChatApiError) as caught:
+        read_reply(refused)
+    assert caught.value.message == "Type a message first."

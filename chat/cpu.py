@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,14 +45,14 @@ def best_dtype(flags: set[str] | None = None) -> str:
     return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
-def tune_environment(env: MutableMapping[str, str] = os.environ, cores: int | None = None) -> dict[str, str]:
+def tune_environment(env: MutableMapping[str, str] = os.environ, cores: Sequence[int] | None = None) -> dict[str, str]:
     """Set, in `env`, what the engine's processes should start with (they inherit it), unless the
-    user already set it (an empty LD_PRELOAD keeps tcmalloc out). Returns what was set."""
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    user already set it (an empty LD_PRELOAD keeps tcmalloc out). `cores`: the ones this process
+    may use. Returns what was set."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
     chosen: dict[str, str] = {}
-    if "VLLM_CPU_OMP_THREADS_BIND" not in env and cores <= SMALL_MACHINE_CORES:
-        usable = sorted(os.sched_getaffinity(0)) if env is os.environ else list(range(cores))
-        chosen["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(core) for core in usable)
+    if "VLLM_CPU_OMP_THREADS_BIND" not in env and len(cores) <= SMALL_MACHINE_CORES:
+        chosen["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(core) for core in cores)
     if "LD_PRELOAD" not in env:
         library = next((path for path in TCMALLOC_PATHS if path.is_file()), None)
         if library:

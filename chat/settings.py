@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chat.api import GRACE_S
 from chat.presets import DEFAULT_PRESETS_DIR
+from chat.stream import FLUSH_S
 
 DEFAULT_PRESET = "smollm2-135m-cpu"
 
@@ -48,10 +50,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_waiting", ("CHAT_MAX_WAITING",), 256,
             "Requests that may wait for a free engine slot; beyond it new ones are refused at once with a busy message.",
             int),
-    Setting("flush_ms", ("CHAT_FLUSH_MS",), 40,
+    Setting("flush_ms", ("CHAT_FLUSH_MS",), round(FLUSH_S * 1000),
             "Most often a streaming reply is redrawn, in milliseconds (the first token is always shown at once); "
             "0 redraws on every token.", int),
-    Setting("resume_grace_s", ("CHAT_RESUME_GRACE_S",), 30.0,
+    Setting("resume_grace_s", ("CHAT_RESUME_GRACE_S",), GRACE_S,
             "Seconds a WebSocket API reply keeps running after its connection drops, waiting for the client to "
             "resume it; then it is stopped.", float),
     Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,

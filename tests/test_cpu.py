@@ -19,10 +19,11 @@ def test_bfloat16_only_where_the_cpu_computes_it(tmp_path):
 def test_small_machines_give_the_engine_every_core(monkeypatch):
     monkeypatch.setattr(cpu, "TCMALLOC_PATHS", ())
     env: dict[str, str] = {}
-    assert cpu.tune_environment(env, cores=2) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert cpu.tune_environment(env, cores=[0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert cpu.tune_environment({}, cores=[2, 5]) == {"VLLM_CPU_OMP_THREADS_BIND": "2,5"}, "the cores it may use"
     large: dict[str, str] = {}
-    assert cpu.tune_environment(large, cores=16) == {}, "big machines keep vLLM's own binding"
+    assert cpu.tune_environment(large, cores=range(16)) == {}, "big machines keep vLLM's own binding"
 
 
 def test_what_the_user_set_wins(monkeypatch, tmp_path):
@@ -30,8 +31,8 @@ def test_what_the_user_set_wins(monkeypatch, tmp_path):
     library.write_bytes(b"")
     monkeypatch.setattr(cpu, "TCMALLOC_PATHS", (tmp_path / "absent.so", library))
     env = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    assert cpu.tune_environment(env, cores=2) == {"LD_PRELOAD": str(library)}
+    assert cpu.tune_environment(env, cores=[0, 1]) == {"LD_PRELOAD": str(library)}
     assert env == {"VLLM_CPU_OMP_THREADS_BIND": "auto", "LD_PRELOAD": str(library)}
     untouched = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "LD_PRELOAD": ""}
-    assert cpu.tune_environment(untouched, cores=2) == {}
+    assert cpu.tune_environment(untouched, cores=[0, 1]) == {}
     assert untouched == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "LD_PRELOAD": ""}

@@ -31,12 +31,6 @@ def test_safe_defaults():
     assert args.host == "127.0.0.1" and args.share is False and args.auth == "" and args.concurrency_limit == 0
 
 
-def test_the_redraw_flag_and_the_code_agree_on_the_default():
-    from chat.stream import FLUSH_S
-
-    assert settings.parse([]).flush_ms == round(FLUSH_S * 1000)
-
-
 def test_a_bad_environment_value_says_which_variable(monkeypatch):
     monkeypatch.setenv("CHAT_PORT", "eighty")
     with pytest.raises(SystemExit, match="CHAT_PORT='eighty' is not a valid int"):

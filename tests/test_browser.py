@@ -89,17 +89,22 @@ def titles(page) -> list[str]:
     return page.locator(REPLY_TITLE).all_inner_texts()
 
 
+def wait_for_one_new_reply(page, old_title: str) -> None:
+    """Until the chat holds one finished reply whose stats line is not `old_title`: written anew."""
+    page.wait_for_function(
+        "([selector, old]) => { const t = [...document.querySelectorAll(selector)].map(e => e.innerText);"
+        " return t.length === 1 && t[0] !== old && t[0].includes('first token'); }",
+        arg=[REPLY_TITLE, old_title],
+        timeout=60_000,
+    )
+
+
 def test_retry_writes_a_new_reply_with_new_stats(page):
     send(page, "Name one planet.")
     watch_reply(page, "first token")
     first = titles(page)[-1]
     page.get_by_role("button", name="Retry").last.click()
-    page.wait_for_function(
-        "([old]) => { const t = [...document.querySelectorAll('#chatbot .bot-row .thought .title')].map(e => e.innerText);"
-        " return t.length === 1 && t[0] !== old && t[0].includes('first token'); }",
-        arg=[first],
-        timeout=60_000,
-    )
+    wait_for_one_new_reply(page, first)
     assert len(page.locator("#chatbot .user-row").all()) == 1  # retried, not added
 
 
@@ -113,16 +118,9 @@ def test_edit_regenerates_from_the_edited_message(page):
     page.locator("#chatbot").get_by_role("button", name="Submit").click()
     # The model may well say "fruit" while naming a vegetable, so the proof is in the user's message
     # (replaced, not added) and a reply with new stats, not in the model's words.
-    page.wait_for_function(
-        "([old]) => { const t = [...document.querySelectorAll('#chatbot .bot-row .thought .title')].map(e => e.innerText);"
-        " const u = [...document.querySelectorAll('#chatbot .user-row')].map(e => e.innerText);"
-        " return u.length === 1 && u[0].includes('vegetable')"
-        " && t.length === 1 && t[0] !== old && t[0].includes('first token'); }",
-        arg=[first],
-        timeout=60_000,
-    )
+    wait_for_one_new_reply(page, first)
     users = page.locator("#chatbot .user-row").all_inner_texts()
-    assert not any("fruit" in text for text in users), users
+    assert len(users) == 1 and "vegetable" in users[0] and "fruit" not in users[0], users
 
 
 def test_history_survives_a_reload_with_its_stats(page):

@@ -25,7 +25,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -339,11 +338,6 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
-def supports_flush_flag() -> bool:
-    out = subprocess.run([python(), "app.py", "--help"], cwd=ROOT, capture_output=True, text=True, env=base_env())
-    return "--flush-ms" in out.stdout
-
-
 # --- main ------------------------------------------------------------------------------------
 
 
@@ -357,8 +351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context-lines", type=int, default=0, help="filler lines (~30 tokens each) per prompt")
     ap.add_argument("--paths", default="raw,app,example,app-ws",
                     help="which paths to run; app-ws reads the same app server through its WebSocket API")
-    ap.add_argument("--flush", choices=["auto", "off"], default="auto",
-                    help="phase 2, the app at another --flush-ms against its default (auto: when app.py has the flag)")
+    ap.add_argument("--flush", choices=["on", "off"], default="on",
+                    help="phase 2, the app at another --flush-ms (--flush-against) against its default")
     ap.add_argument("--flush-repeats", type=int, default=2)
     ap.add_argument("--flush-against", type=int, default=0, metavar="MS",
                     help="phase 2 compares the default against this --flush-ms (0: a redraw per token)")
@@ -445,25 +439,21 @@ def main(argv: list[str] | None = None) -> int:
 
         # Phase 2: the app's redraw interval.
         flush_summaries: list[Summary] = []
-        if args.flush == "auto" and "app" in wanted:
-            if not supports_flush_flag():
-                print("app.py has no --flush-ms flag: skipping the redraw-interval comparison", flush=True)
-                result["phases"]["flush"] = {"skipped": "app.py has no --flush-ms flag"}
-            else:
-                app = next(p for p in paths if p.name == "app")
-                every = app_path(f"app-flush{args.flush_against}", args.preset, logs, env, count, args.context_lines,
-                                 flush_ms=args.flush_against)
-                started.append(every)
-                wait_ready([every])
-                our_pids.append(every.servers[0].pid)
-                every.run(8, 8, 20_000, min(8, args.max_tokens))
-                flush_runs: list[dict[str, Any]] = []
-                result["phases"]["flush"] = {"runs": flush_runs}
-                interleave([app, every], levels, args.flush_repeats, requests_for, args.max_tokens, our_pids,
-                           flush_runs, save)
-                flush_summaries = pooled(flush_runs)
-                result["phases"]["flush"]["summary"] = [s.as_dict() for s in flush_summaries]
-                save()
+        if args.flush == "on" and "app" in wanted:
+            app = next(p for p in paths if p.name == "app")
+            every = app_path(f"app-flush{args.flush_against}", args.preset, logs, env, count, args.context_lines,
+                             flush_ms=args.flush_against)
+            started.append(every)
+            wait_ready([every])
+            our_pids.append(every.servers[0].pid)
+            every.run(8, 8, 20_000, min(8, args.max_tokens))
+            flush_runs: list[dict[str, Any]] = []
+            result["phases"]["flush"] = {"runs": flush_runs}
+            interleave([app, every], levels, args.flush_repeats, requests_for, args.max_tokens, our_pids,
+                       flush_runs, save)
+            flush_summaries = pooled(flush_runs)
+            result["phases"]["flush"]["summary"] = [s.as_dict() for s in flush_summaries]
+            save()
     finally:
         for p in started:
             for server in p.servers:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -226,6 +226,7 @@ def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
 
 
 def load_preset(path: Path) -> Preset:
+    """One preset file; PresetError lists every problem found in it, one line each."""
     shown = _shown_path(path)
     try:
         if path.stat().st_size > MAX_PRESET_BYTES:
@@ -248,69 +249,21 @@ def load_preset(path: Path) -> Preset:
     if not isinstance(data, dict):
         raise PresetError(f"{shown}: a preset is a YAML mapping of keys (name, description, model, ...).")
 
-    def fail(key_path: Sequence[str | int], message: str) -> PresetError:
-        line = _line_of(root, key_path)
-        end = "" if message.endswith(("?", ".")) else "."
-        return PresetError(f"{shown}{f', line {line}' if line else ''}: {message}{end}")
-
-    try:
-        spec = PresetFile.model_validate(data)
-    except ValidationError as exc:
-        # A misspelt key also makes the right one "missing": report the misspelling first.
-        error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-        loc = [part for part in error["loc"] if not (isinstance(part, str) and part in ("KnobSetting", "Hardware", "float", "str"))]
-        # pydantic names union members in the location (e.g. "literal['cpu','gpu']"): drop them
-        loc = [part for part in loc if not (isinstance(part, str) and ("[" in part or part.startswith("function-")))]
-        key = ".".join(str(part) for part in loc)
-        if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), list(_keys_at(loc[:-1])), n=1, cutoff=0.6)
-            hint = f" - did you mean '{close[0]}'?" if close else f" (the keys are: {', '.join(_keys_at(loc[:-1]))})"
-            raise fail(loc, f"unknown key '{key}'{hint}") from None
-        if error["type"] == "missing":
-            raise fail(loc[:-1], f"the key '{key}' is required") from None
-        raise fail(loc, f"{key}: {error['msg'][0].lower()}{error['msg'][1:]}; it is {error.get('input')!r}") from None
-
-    problems = check_engine_args(spec.engine)
+    problems = [*_schema_problems(data), *_engine_problems(data.get("engine"))]
+    overrides, sampling_problems = _sampling_overrides(data.get("sampling"))
+    problems += sampling_problems
+    model, model_kind, model_problem = _resolve_model(data.get("model"), path.parent)
+    if model_problem:
+        problems.append((["model"], model_problem))
     if problems:
-        key, message = problems[0]
-        raise fail(["engine", key], message)
-    if "model" in spec.engine:
-        raise fail(["engine", "model"], "put the model at the top level ('model:')")
+        raise PresetError("\n".join(_located(shown, root, problems)))
 
-    overrides = {}
-    for name, setting in spec.sampling.items():
-        if name not in KNOB_NAMES:
-            close = difflib.get_close_matches(name, KNOB_NAMES, n=1, cutoff=0.6)
-            hint = f" - did you mean '{close[0]}'?" if close else f" (the settings are: {', '.join(KNOB_NAMES)})"
-            raise fail(["sampling", name], f"unknown sampling setting '{name}'{hint}")
-        if isinstance(setting, KnobSetting):
-            overrides[name] = (setting.default, setting.min, setting.max)
-        else:
-            overrides[name] = (setting, None, None)
-    try:
-        rules = SamplingRules().narrowed(overrides)
-    except SettingsError as exc:
-        raise fail(["sampling"], f"sampling: {exc.message.rstrip('.')}") from None
+    spec = PresetFile.model_validate(data)
+    rules = SamplingRules().narrowed(overrides)
     max_model_len = spec.engine.get("max_model_len")
     if max_model_len and rules.knob("max_tokens").maximum > max_model_len:
         max_tokens = rules.knob("max_tokens")
         rules = rules.narrowed({"max_tokens": (min(max_tokens.default, max_model_len), None, max_model_len)})
-
-    model, model_kind = spec.model.strip(), cast(ModelKind, "hub")
-    folder = (path.parent / Path(model).expanduser()).resolve()
-    if model == EMBEDDED:
-        model_kind = cast(ModelKind, "embedded")
-    elif model.startswith(("/", "./", "../", "~")) or folder.is_dir():
-        if not folder.is_dir():
-            raise fail(["model"], f"the model folder {model} does not exist (looked in {folder})")
-        model, model_kind = str(folder), cast(ModelKind, "folder")
-    elif not _HUB_REPO.match(model):
-        raise fail(
-            ["model"],
-            f"model {model!r} is neither 'embedded', a folder (start it with ./ or /) "
-            "nor a Hugging Face repo id like Qwen/Qwen2.5-7B-Instruct",
-        )
-
     hardware = spec.hardware if isinstance(spec.hardware, Hardware) else Hardware(device=spec.hardware)
     return Preset(
         name=spec.name.strip(),
@@ -327,6 +280,132 @@ def load_preset(path: Path) -> Preset:
         ignore_eos=spec.ignore_eos,
         path=path.resolve(),
     )
+
+
+Problem = tuple[Sequence[str | int], str]  # (key path, message)
+
+
+def _located(shown: str, root: yaml.Node | None, problems: list[Problem]) -> list[str]:
+    """Each problem as one sentence naming the file and line, in the file's order."""
+    lines = []
+    for key_path, message in problems:
+        line = _line_of(root, key_path)
+        end = "" if message.endswith(("?", ".")) else "."
+        lines.append((line or 0, f"{shown}{f', line {line}' if line else ''}: {message}{end}"))
+    return [text for _, text in sorted(lines, key=lambda pair: pair[0])]
+
+
+# pydantic names the member of a union it tried in the error's location (e.g. "KnobSetting",
+# "literal['cpu','gpu']"); these are not keys of the file.
+_MODEL_MEMBERS = {"KnobSetting", "Hardware"}
+
+
+def _union_member(part: str | int) -> bool:
+    return isinstance(part, str) and (part in _MODEL_MEMBERS or part in ("float", "str") or "[" in part or part.startswith("function-"))
+
+
+def _schema_problems(data: dict[str, Any]) -> list[Problem]:
+    """Every problem pydantic finds, once per key: for a value that may be a number or a mapping,
+    only the errors of the form the file used."""
+    try:
+        PresetFile.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+    else:
+        return []
+    found: dict[tuple[str | int, ...], dict] = {}
+    for error in errors:
+        loc = list(error["loc"])
+        member = next((i for i, part in enumerate(loc) if _union_member(part)), None)
+        if member is not None:
+            is_mapping = isinstance(_value_at(data, loc[:member]), dict)
+            if is_mapping != (loc[member] in _MODEL_MEMBERS):
+                continue
+        key = tuple(part for part in loc if not _union_member(part))
+        found.setdefault(key, error)
+    problems: list[Problem] = []
+    suggested: set[tuple[str | int, ...]] = set()
+    for key, error in found.items():
+        if error["type"] != "extra_forbidden":
+            continue
+        known = _keys_at(key[:-1])
+        close = difflib.get_close_matches(str(key[-1]), known, n=1, cutoff=0.6)
+        if close:
+            suggested.add((*key[:-1], close[0]))
+        hint = f" - did you mean '{close[0]}'?" if close else f" (the keys are: {', '.join(known)})"
+        problems.append((key, f"unknown key '{'.'.join(map(str, key))}'{hint}"))
+    for key, error in found.items():
+        dotted = ".".join(map(str, key))
+        if error["type"] == "extra_forbidden" or key in suggested:
+            continue  # a misspelt key also makes the right one "missing": its suggestion says it
+        if error["type"] == "missing":
+            problems.append((key[:-1], f"the key '{dotted}' is required"))
+        else:
+            problems.append((key, f"{dotted}: {error['msg'][0].lower()}{error['msg'][1:]}; it is {error.get('input')!r}"))
+    return problems
+
+
+def _value_at(data: Any, loc: Sequence[str | int]) -> Any:
+    for part in loc:
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _engine_problems(engine: Any) -> list[Problem]:
+    if not isinstance(engine, dict):
+        return []  # the schema check reports it
+    return [(["engine", key], message) for key, message in check_engine_args(engine)]
+
+
+_KNOB_VALUE: TypeAdapter = TypeAdapter(float | KnobSetting)
+
+
+def _sampling_overrides(sampling: Any) -> tuple[dict[str, tuple[float | None, float | None, float | None]], list[Problem]]:
+    """The preset's (default, min, max) per sampling setting, and the problems of each."""
+    overrides: dict[str, tuple[float | None, float | None, float | None]] = {}
+    problems: list[Problem] = []
+    if not isinstance(sampling, dict):
+        return overrides, problems  # the schema check reports it
+    for name, value in sampling.items():
+        if name not in KNOB_NAMES:
+            close = difflib.get_close_matches(str(name), KNOB_NAMES, n=1, cutoff=0.6)
+            hint = f" - did you mean '{close[0]}'?" if close else f" (the settings are: {', '.join(KNOB_NAMES)})"
+            problems.append((["sampling", name], f"unknown sampling setting '{name}'{hint}"))
+            continue
+        try:
+            setting = _KNOB_VALUE.validate_python(value, strict=True)
+        except ValidationError:
+            continue  # the schema check reports it
+        override = (setting.default, setting.min, setting.max) if isinstance(setting, KnobSetting) else (setting, None, None)
+        try:
+            SamplingRules().narrowed({name: override})
+        except SettingsError as exc:
+            problems.append((["sampling", name], f"sampling.{name}: {exc.message.rstrip('.')}"))
+            continue
+        overrides[name] = override
+    return overrides, problems
+
+
+def _resolve_model(model: Any, folder_of_file: Path) -> tuple[str, ModelKind, str | None]:
+    """The model as the app uses it and its kind, or a problem saying what is wrong with it."""
+    if not isinstance(model, str) or not model.strip():
+        return "", "hub", None  # the schema check reports it
+    model = model.strip()
+    folder = (folder_of_file / Path(model).expanduser()).resolve()
+    if model == EMBEDDED:
+        return model, "embedded", None
+    if model.startswith(("/", "./", "../", "~")) or folder.is_dir():
+        if not folder.is_dir():
+            return model, "folder", f"the model folder {model} does not exist (looked in {folder})"
+        return str(folder), "folder", None
+    if not _HUB_REPO.match(model):
+        return model, "hub", (
+            f"model {model!r} is neither 'embedded', a folder (start it with ./ or /) "
+            "nor a Hugging Face repo id like Qwen/Qwen2.5-7B-Instruct"
+        )
+    return model, "hub", None
 
 
 def _first_alias_line(node: yaml.Node | None) -> int | None:

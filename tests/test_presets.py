@@ -11,6 +11,7 @@ import pytest
 
 from chat.errors import PresetError
 from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
+from chat.sampling import SamplingRules
 from tests.conftest import ROOT
 
 GOOD = """\
@@ -84,7 +85,47 @@ def test_an_unknown_sampling_setting(tmp_path):
 
 def test_a_sampling_default_outside_what_the_engine_accepts(tmp_path):
     path = write(tmp_path, "hot.yaml", GOOD.replace("temperature: 0.2", "temperature: 4"))
-    assert error_of(path) == "hot.yaml, line 7: sampling: Temperature must be a number from 0 to 2; it was 4.0."
+    assert error_of(path) == "hot.yaml, line 8: sampling.temperature: Temperature must be a number from 0 to 2; it was 4.0."
+
+
+MANY_MISTAKES = """\
+name: Many
+descripton: Every kind of mistake at once.
+model: not a repo
+hardware: {device: tpu, gpus: 1}
+engine:
+  max_model_len: lots
+  max_num_seq: 8
+sampling:
+  temprature: 0.2
+  top_p: 7
+  max_tokens: {default: 64, mx: 512}
+timeout_s: -1
+"""
+
+
+def test_every_problem_of_a_file_is_reported_at_once_in_line_order(tmp_path):
+    path = write(tmp_path, "many.yaml", MANY_MISTAKES)
+    top_p = SamplingRules().knob("top_p")
+    assert error_of(path).splitlines() == [
+        "many.yaml, line 2: unknown key 'descripton' - did you mean 'description'?",
+        "many.yaml, line 3: model 'not a repo' is neither 'embedded', a folder (start it with ./ or /) nor a Hugging Face "
+        "repo id like Qwen/Qwen2.5-7B-Instruct.",
+        "many.yaml, line 4: hardware.device: input should be 'cpu' or 'gpu'; it is 'tpu'.",
+        "many.yaml, line 6: engine.max_model_len must be a whole number; it is 'lots' (input should be a valid integer).",
+        "many.yaml, line 7: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?",
+        "many.yaml, line 9: unknown sampling setting 'temprature' - did you mean 'temperature'?",
+        f"many.yaml, line 10: sampling.top_p: Top-p must be a number from {top_p.format(top_p.minimum)} to 1; it was 7.0.",
+        "many.yaml, line 11: unknown key 'sampling.max_tokens.mx' - did you mean 'max'?",
+        "many.yaml, line 12: timeout_s: input should be greater than 0; it is -1.",
+    ]
+
+
+def test_a_value_that_may_be_a_number_or_a_range_is_judged_by_the_form_used(tmp_path):
+    as_number = write(tmp_path, "a.yaml", GOOD.replace("temperature: 0.2", "temperature: hot"))
+    assert error_of(as_number) == "a.yaml, line 8: sampling.temperature: input should be a valid number; it is 'hot'."
+    as_range = write(tmp_path, "b.yaml", GOOD.replace("max: 512", "max: lots"))
+    assert error_of(as_range) == "b.yaml, line 9: sampling.max_tokens.max: input should be a valid number; it is 'lots'."
 
 
 def test_model_key_under_engine_is_refused(tmp_path):
@@ -140,13 +181,17 @@ def run_app(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "app.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_check_presets_prints_each_problem_and_fails(tmp_path):
+def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
     write(tmp_path, "good.yaml", GOOD)
     write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
+    write(tmp_path, "many.yaml", MANY_MISTAKES)
     result = run_app("--check-presets", "--presets-dir", str(tmp_path))
     assert result.returncode == 1
-    assert "unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in result.stdout
-    assert "1 valid, 1 invalid preset file(s)." in result.stdout
+    printed = result.stdout.splitlines()
+    assert f"{tmp_path}/qwen.yaml, line 5: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in printed
+    many = [line for line in printed if line.startswith(f"{tmp_path}/many.yaml, line ")]
+    assert len(many) == 9 and many == error_of(tmp_path / "many.yaml").replace("many.yaml", f"{tmp_path}/many.yaml").splitlines()
+    assert "1 valid, 2 invalid preset file(s)." in printed
 
 
 def test_check_presets_passes_on_the_bundled_presets():

@@ -16,6 +16,7 @@ from typing import Any
 from chat.api import GRACE_S
 from chat.presets import DEFAULT_PRESETS_DIR
 from chat.stream import FLUSH_S
+from chat.votes import default_path as default_votes_path
 
 DEFAULT_PRESET = "smollm2-135m-cpu"
 
@@ -60,6 +61,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",
             float),
+    Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
+            "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
     Setting("list_presets", (), False, "Print the presets and exit.", bool),
     Setting("check_presets", (), False,
             "Validate every preset file, print each problem, exit non-zero when any is invalid.", bool),

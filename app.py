@@ -65,11 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
     from chat import metrics
     from chat.auth import Login
-    from chat.engine import EngineRegistry, on_cpu
+    from chat.engine import on_cpu
     from chat.errors import PresetError
     from chat.monitor import Monitor
+    from chat.pacing import RedrawPacer
+    from chat.registry import EngineRegistry
     from chat.service import ChatService
     from chat.ui import build_ui
+    from chat.ui.gradio_internals import UntestedGradio
     from chat.web import routes
 
     budget = args.memory_budget_gb
@@ -87,14 +90,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = EngineRegistry(memory_budget=budget, max_waiting=args.max_waiting)
     try:
         default = catalog.get(args.preset)
-        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu())
+        pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
+        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer)
         service.preset(None)
     except PresetError as exc:
         print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
         return 2
     monitor = Monitor(registry)
-    flush_s = max(args.flush_ms, 0) / 1000
-    demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, flush_s=flush_s)
+    try:
+        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None)
+    except UntestedGradio as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
@@ -118,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
         # Our handlers are async, so the slots cost no threads.
         max_threads=QUEUE_SLOTS,
-        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, flush_s=flush_s, grace_s=args.resume_grace_s), *metrics.routes(login)]},
+        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, grace_s=args.resume_grace_s), *metrics.routes(login)]},
     )
     return 0
 

@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -72,8 +72,8 @@ async def one(llm: Any, prompt: Any, params: Any) -> Timeline:
 
 
 def sampling(max_tokens: int) -> Any:
+    from chat.engine import sampling_params
     from chat.sampling import Sampling
-    from chat.stream import sampling_params
 
     values = Sampling(temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, max_tokens=max_tokens,
                       repetition_penalty=REPETITION_PENALTY, seed=-1)
@@ -81,10 +81,10 @@ def sampling(max_tokens: int) -> Any:
 
 
 async def prompts(llm: Any, first: int, count: int, context_lines: int) -> list[Any]:
-    from chat.stream import render_prompt
+    from chat.engine import Engine
 
-    shim = SimpleNamespace(llm=llm)  # render_prompt only needs the engine's AsyncLLM
-    return [await render_prompt(shim, chat_messages(first + i, context_lines)) for i in range(count)]
+    shim = cast(Engine, SimpleNamespace(llm=llm, _running=lambda: llm))  # rendering only needs the AsyncLLM
+    return [(await Engine.render(shim, chat_messages(first + i, context_lines))).rendered for i in range(count)]
 
 
 async def closed_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:

@@ -49,7 +49,7 @@ from bench.common import (
 )
 from bench.http_client import send_all
 from bench.procs import ROOT, Server, base_env, cpu_seconds, free_port, machine_busy_seconds, python, tree_cpu_seconds
-from chat.stream import FLUSH_S
+from chat.pacing import FLUSH_S
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_PRESET = ROOT / "bench" / "presets" / "smollm2-135m-cpu-bench.yaml"

@@ -47,11 +47,6 @@ class Login:
             except (binascii.Error, UnicodeDecodeError):
                 return False
             return self.check(user, password)
-        app = connection.app
-        cookie_id = getattr(app, "cookie_id", None)
-        if cookie_id is None:
-            return False
-        token = connection.cookies.get(f"access-token-{cookie_id}") or connection.cookies.get(
-            f"access-token-unsecure-{cookie_id}"
-        )
-        return token is not None and token in getattr(app, "tokens", {})
+        from chat.ui.gradio_internals import login_token  # Gradio's cookie names live there
+
+        return login_token(connection) is not None

@@ -8,7 +8,7 @@
 It streams over the WebSocket at /chat. When the connection drops it reconnects with exponential
 backoff and jitter and resumes the same request by id from the last delta it got, so nothing is
 generated twice; after `retries` failed attempts in a row it asks once, without streaming,
-through the Gradio API (/chat), which sends only the new message and the system prompt.
+through the Gradio API (/reply), which answers with the same text, stats and finish.
 
     python -m chat.client "Hello" --url http://127.0.0.1:7860 --max-tokens 64
 """
@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from chat.sampling import KNOBS
+
 DEFAULT_URL = "http://127.0.0.1:7860"
-STATS_MARK = "📊 "
-PROBLEM_MARK = "⚠️ "
 
 
 class ChatApiError(Exception):
@@ -91,7 +91,7 @@ class ReplyStream:
         self.open_timeout_s = open_timeout_s
         self.text = ""
         self.status: str | None = None  # the latest progress line while an engine starts
-        self.stats: dict[str, Any] | None = None  # ReplyStats.as_dict(); None after the fallback
+        self.stats: dict[str, Any] | None = None  # ReplyStats.as_dict()
         self.finish: str | None = None
         self.summary: str | None = None
         self.notice: str | None = None  # a plain sentence that came with the reply (e.g. why it timed out)
@@ -177,43 +177,27 @@ class ReplyStream:
                     raise ChatApiError(event["code"], event["message"])
 
     def _predict(self) -> str:
-        """One non-streaming request through the Gradio API; blocking."""
+        """One non-streaming request through the Gradio API's /reply; blocking."""
         from gradio_client import Client
         from gradio_client.exceptions import AppError
 
-        values: dict[str, Any] = dict(self.sampling)
-        if self.preset:
-            values["preset_name"] = self.preset
-        if self.system_prompt is not None:
-            values["system_prompt"] = self.system_prompt
         try:
-            messages = Client(self.url, auth=self.auth, verbose=False).predict(self.message, **values, api_name="/chat")
-        except AppError as exc:  # Gradio refused a value, e.g. a preset that is not in its list
+            result = Client(self.url, auth=self.auth, verbose=False).predict(
+                self.message, self.preset, self.system_prompt, self.sampling, self.history, api_name="/reply"
+            )
+        except AppError as exc:  # Gradio refused a value before our code saw it
             raise ChatApiError("refused", str(exc)) from exc
         except Exception as exc:
             raise ConnectionError(f"The chat server at {self.url} cannot be reached ({exc}).") from exc
-        text, self.summary, self.finish, self.notice = read_reply(messages)
-        return text
+        return self.take(result)
 
-
-def read_reply(messages: list[dict[str, Any]]) -> tuple[str, str, str, str | None]:
-    """The text, stats line, finish and notice of a reply the Gradio API returned as messages.
-
-    The last message's title is the stats line; "⚠️ sentence" alone is a refusal (raised), and
-    "⚠️ sentence · stats line" a reply that ended early (a timeout) with what it wrote.
-    """
-    from chat.stats import Finish
-
-    text = "".join(m["content"] for m in messages if not (m.get("metadata") or {}).get("title"))
-    title = (messages[-1].get("metadata") or {}).get("title", "") if messages else ""
-    notice = None
-    if title.startswith(PROBLEM_MARK):
-        notice, _, title = title.removeprefix(PROBLEM_MARK).partition(" · ")
-        if not title:
-            raise ChatApiError("error", notice)
-    summary = title.removeprefix(STATS_MARK)
-    finish = next((f.name.lower() for f in Finish if summary.endswith(f.value)), "unknown")
-    return text, summary, finish, notice
+    def take(self, result: dict[str, Any]) -> str:
+        """Read /reply's answer into this stream's fields; raise ChatApiError for a refusal."""
+        if result.get("error"):
+            raise ChatApiError(result["error"]["code"], result["error"]["message"])
+        self.stats, self.finish, self.notice = result.get("stats"), result.get("finish"), result.get("notice")
+        self.summary = stats_summary(self.stats) if self.stats else None
+        return str(result.get("text") or "")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -223,12 +207,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ws-url", help="the WebSocket address, if not the app's address + /chat")
     p.add_argument("--preset", help="preset name, as the UI lists it (default: the app's default)")
     p.add_argument("--system-prompt", help="instructions before the conversation (default: the preset's)")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument("--repetition-penalty", type=float)
-    p.add_argument("--seed", type=int)
+    for knob in KNOBS:
+        p.add_argument(knob.flag, type=knob.kind, help=f"{knob.help} ({knob.format(knob.minimum)} to {knob.format(knob.maximum)})")
     p.add_argument("--retries", type=int, default=5, help="reconnect attempts before the non-streaming fallback")
     p.add_argument("--auth", metavar="USER:PASSWORD", help="login, when the app was started with --auth")
     return p
@@ -236,8 +216,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    knobs = ("temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed")
-    sampling = {name: getattr(args, name) for name in knobs if getattr(args, name) is not None}
+    sampling = {knob.name: getattr(args, knob.name) for knob in KNOBS if getattr(args, knob.name) is not None}
     stream = ReplyStream(
         args.message, url=args.url, ws_url=args.ws_url, preset=args.preset,
         system_prompt=args.system_prompt, sampling=sampling, retries=args.retries,

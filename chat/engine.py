@@ -1,9 +1,10 @@
-"""Engine ownership: one vLLM `AsyncLLM` per distinct (model, engine arguments), shared by all users.
+"""One vLLM `AsyncLLM`, shared by every user of one model configuration: the app's only door to vLLM.
 
 An `Engine` goes STARTING -> READY, or -> FAILED (with a message for people), and -> CLOSED when
-unloaded. The `EngineRegistry` starts each engine at most once however many sessions ask at the
-same moment, keeps the loaded ones within a memory budget by unloading the least recently used
-idle engine, and never unloads an engine under streams in flight unless asked to.
+unloaded (chat/registry.py decides when). It owns what it knows about its requests (streams in
+flight, last use, whether it is too busy to take more) and translates vLLM at its boundary:
+prompts go in as chat messages and come back as a typed `Prompt`; outputs come out as typed
+`Chunk`s; vLLM's errors leave as `chat.errors`. Nothing else in the app imports vLLM to serve a reply.
 
 The engine is built in a worker thread (construction blocks while the model loads) and its
 coroutines are only ever awaited from the server's event loop, which it binds to on first use.
@@ -12,28 +13,27 @@ coroutines are only ever awaited from the server's event loop, which it binds to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from chat import cpu, metrics
-from chat.errors import ChatError, EngineBusy, EngineError, EngineFailed
+from chat import cpu
+from chat.errors import EngineBusy, EngineError, EngineFailed, SettingsError
 from chat.models import resolve_model, weights_bytes
 from chat.presets import Preset
+from chat.sampling import KNOBS, Sampling
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger(__name__)
 
-RETRY_DELAYS_S = (5.0, 15.0, 60.0, 300.0)  # after a failed start, back off before trying again
-RESTART_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 300.0)  # after consecutive crashes, wait this long to restart
-HEALTHY_UPTIME_S = 300.0  # an engine that ran this long before dying starts its back-off afresh
+BUSY = "The demo is busy, try again in a moment."
 RESTARTING = "The model's engine stopped working and is being restarted; your next message will wait for it."
 
 
@@ -102,6 +102,69 @@ def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
     return engine_args
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A conversation rendered through the model's chat template, ready for `Engine.generate`."""
+
+    token_ids: Sequence[int]
+    rendered: Any  # what vLLM takes; opaque outside this module
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class EngineTimes:
+    """One request's time inside the engine, from the engine's own clock."""
+
+    queue_s: float | None  # waiting for a free slot
+    prefill_s: float | None  # reading the prompt
+    decode_s: float | None  # first token to last token
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New output of one request: text, how many tokens it holds, and how the request ended."""
+
+    text: str
+    tokens: int
+    finished: bool = False
+    finish_reason: str | None = None  # stop, length, abort, repetition, error
+    stop_string: bool = False  # it stopped on a stop string (not end of sequence)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (on the last chunk)
+    times: EngineTimes | None = None  # on the last chunk
+
+
+def _times(metrics: Any, generated: int) -> EngineTimes | None:
+    if metrics is None or not getattr(metrics, "scheduled_ts", 0):
+        return None
+    queue_s = max(metrics.scheduled_ts - metrics.queued_ts, 0.0)
+    prefill_s = decode_s = None
+    if metrics.first_token_ts:
+        prefill_s = max(metrics.first_token_ts - metrics.scheduled_ts, 0.0)
+        if metrics.last_token_ts and generated > 1:
+            decode_s = max(metrics.last_token_ts - metrics.first_token_ts, 0.0)
+    return EngineTimes(queue_s, prefill_s, decode_s)
+
+
+def sampling_params(sampling: Sampling, max_tokens: int, ignore_eos: bool = False) -> Any:
+    """vLLM's SamplingParams for these values (the knob table says how each maps), streaming only new text."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import RequestOutputKind
+
+    values = {knob.name: knob.engine_value(getattr(sampling, knob.name)) for knob in KNOBS}
+    values["max_tokens"] = max_tokens
+    try:
+        return SamplingParams(**values, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
+    except VLLMValidationError as exc:
+        parameter = getattr(exc, "parameter", None) or "a setting"
+        raise SettingsError(
+            f"The engine refused {parameter} = {getattr(exc, 'value', '?')}; pick a value within the slider's range."
+        ) from exc
+
+
 @dataclass
 class Engine:
     """One AsyncLLM and what the app knows about it."""
@@ -117,7 +180,6 @@ class Engine:
     max_waiting: int = 256  # streams beyond max_num_seqs that may wait; more are refused at once
     memory_need: float = 0.0  # in the budget's unit: bytes on CPU, a share of GPU memory on GPU
     load: EngineLoad = field(default_factory=EngineLoad)
-    streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it
     started_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
     last_used: float = field(default_factory=time.monotonic)
@@ -126,7 +188,8 @@ class Engine:
     refusal: EngineBusy | None = None  # why it was not started (no room); asking again may work
     start_delay_s: float = 0.0  # a restart after a crash waits this long first
     on_death: Callable[[Engine], object] | None = None  # set by the registry: restart it
-    _task: asyncio.Task | None = None
+    _streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it, with a reason
+    task: asyncio.Task[None] | None = None  # starting or waking it (the registry runs it)
 
     @property
     def key(self) -> str:
@@ -140,6 +203,14 @@ class Engine:
     @property
     def start_seconds(self) -> float | None:
         return None if self.ready_at is None else self.ready_at - self.started_at
+
+    @property
+    def streams(self) -> int:
+        """Requests streaming from this engine now."""
+        return len(self._streams)
+
+    def is_streaming(self, request_id: str) -> bool:
+        return request_id in self._streams
 
     def status(self) -> str:
         """One line for people: what this engine is doing."""
@@ -156,8 +227,8 @@ class Engine:
         return f"Ready · {busy} · KV cache {self.load.kv_cache_usage:.0%} used"
 
     async def wait_ready(self) -> None:
-        if self._task is not None:
-            await asyncio.shield(self._task)
+        if self.task is not None:
+            await asyncio.shield(self.task)
         if self.refusal is not None:
             raise EngineBusy(self.refusal.message)
         if self.state is not EngineState.READY:
@@ -167,14 +238,94 @@ class Engine:
         """Requests the engine's front end still tracks (0 when nothing leaked)."""
         return 0 if self.llm is None else self.llm.output_processor.get_num_unfinished_requests()
 
+    # --- serving: the vLLM boundary ------------------------------------------------------------
+
+    def _running(self) -> AsyncLLM:
+        if self.llm is None:
+            raise EngineError(self.error or "The engine is not running; please try again.")
+        return self.llm
+
+    async def render(self, messages: list[dict[str, str]]) -> Prompt:
+        """The conversation through the model's chat template, as vLLM's own server renders it."""
+        from vllm.renderers.params import ChatParams, TokenizeParams
+
+        # No length limit here: the caller counts the tokens to say how long the conversation is.
+        _, prompts = await self._running().renderer.render_chat_async(
+            [cast(Any, messages)],
+            ChatParams(chat_template_kwargs={"add_generation_prompt": True, "tokenize": False}),
+            TokenizeParams(max_total_tokens=None, add_special_tokens=False),
+        )
+        prompt = prompts[0]
+        return Prompt(prompt["prompt_token_ids"], prompt)
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: Sampling,
+        *,
+        max_tokens: int,
+        request_id: str,
+        on_unload: Callable[[str], None],
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[Chunk]:
+        """Stream one request's output. Refuses with EngineBusy when too many are in flight.
+
+        `on_unload(reason)` is called if the engine is unloaded under the request. Closing or
+        cancelling the iterator aborts the request in vLLM. Raises EngineFailed when the engine's
+        process died (it is then restarted) and EngineError when vLLM failed this request.
+        """
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        llm = self._running()
+        if len(self._streams) >= self.max_num_seqs + self.max_waiting:
+            raise EngineBusy(BUSY)
+        params = sampling_params(sampling, max_tokens, ignore_eos)
+        self._streams[request_id] = on_unload
+        generated = 0
+        try:
+            async with contextlib.aclosing(llm.generate(prompt.rendered, params, request_id)) as outputs:
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    generated += len(completion.token_ids)
+                    if not out.finished:
+                        yield Chunk(completion.text, len(completion.token_ids))
+                        continue
+                    yield Chunk(
+                        completion.text,
+                        len(completion.token_ids),
+                        finished=True,
+                        finish_reason=completion.finish_reason,
+                        stop_string=isinstance(completion.stop_reason, str),
+                        cached_tokens=out.num_cached_tokens or 0,
+                        times=_times(out.metrics, generated),
+                    )
+        except EngineDeadError as exc:
+            log.error("Engine for %r died under a stream: %r", self.preset.name, exc)
+            if self.on_death is not None and self.state is EngineState.READY:
+                self.on_death(self)
+            raise EngineFailed(RESTARTING) from exc
+        except EngineGenerateError as exc:
+            log.exception("Request %s failed in the engine", request_id)
+            raise EngineError("The engine could not write this reply; please try again.") from exc
+        finally:
+            self._streams.pop(request_id, None)
+            self.last_used = time.monotonic()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request in flight, without waiting; its stream then ends with finish_reason abort."""
+        if self.llm is not None and request_id in self._streams:
+            asyncio.get_running_loop().create_task(self.llm.abort(request_id))
+
     async def abort_streams(self, reason: str) -> None:
         """End every stream in flight with `reason` shown to its reader, then abort them."""
-        for end in list(self.streams.values()):
+        for end in list(self._streams.values()):
             end(reason)
-        if self.llm is not None and self.streams:
-            await self.llm.abort(list(self.streams))
+        if self.llm is not None and self._streams:
+            await self.llm.abort(list(self._streams))
 
-    def _build(self, make_room: Callable[[Engine], None]) -> None:
+    # --- life cycle ------------------------------------------------------------------------
+
+    def build(self, make_room: Callable[[Engine], None]) -> None:
         """Blocking: find the model, make room for it, start vLLM. Runs in a worker thread."""
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -200,190 +351,23 @@ class Engine:
         self.phase = line[0].lower() + line[1:] if line else line
         log.info("%s: %s", self.preset.name, line)
 
+    @property
+    def died(self) -> bool:
+        """The engine's process stopped while it was READY (found by the registry's watch)."""
+        return self.state is EngineState.READY and self.llm is not None and bool(self.llm.errored)
+
+    async def sleep(self) -> None:
+        """CUDA sleep mode: weights to CPU memory, KV cache dropped."""
+        await self._running().sleep(level=1)
+        self.state = EngineState.SLEEPING
+
+    async def wake_up(self) -> None:
+        await self._running().wake_up()
+        self.state = EngineState.READY
+
     def shutdown(self) -> None:
         """Blocking: free the engine's memory. Abort streams first or they hang forever."""
         llm, self.llm = self.llm, None
         self.state = EngineState.CLOSED
         if llm is not None:
             llm.shutdown()
-
-
-class EngineRegistry:
-    """The engines of this process, keyed by configuration, within one memory budget."""
-
-    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
-        self._engines: dict[str, Engine] = {}
-        self.memory_budget = memory_budget  # None: no limit
-        self.max_waiting = max_waiting
-
-    def __iter__(self):
-        return iter(list(self._engines.values()))
-
-    def peek(self, preset: Preset) -> Engine | None:
-        return self._engines.get(preset.engine_key)
-
-    def start(self, preset: Preset) -> Engine:
-        """Begin loading the preset's engine if it is not loaded or loading; never blocks."""
-        engine = self._engines.get(preset.engine_key)
-        now = time.monotonic()
-        if engine is not None and engine.state is EngineState.FAILED and now >= engine.retry_at:
-            engine = None  # back-off over: try again
-        if engine is not None and engine.state is not EngineState.CLOSED:
-            return engine
-        failures = 0 if engine is None else engine.failures
-        return self._launch(Engine(preset=preset, failures=failures))
-
-    def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
-        engine.on_death = self.restart
-        engine.max_waiting = self.max_waiting
-        self._engines[engine.key] = engine
-        engine._task = asyncio.get_running_loop().create_task(
-            self._run_start(engine, replacing), name=f"start {engine.preset.name}"
-        )
-        return engine
-
-    def restart(self, dead: Engine) -> Engine:
-        """Replace an engine whose process died; requests meanwhile wait for the new one."""
-        current = self._engines.get(dead.key)
-        if current is not dead:
-            return current or self.start(dead.preset)  # already being replaced
-        dead.state, dead.error = EngineState.FAILED, RESTARTING
-        healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
-        crashes = 1 if healthy else dead.failures + 1
-        delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
-        log.error("The engine for %r died; restarting it in %.0f s (crash %d in a row)", dead.preset.name, delay, crashes)
-        metrics.ENGINE_RESTARTS.labels(dead.preset.name).inc()
-        return self._launch(Engine(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
-
-    async def watch(self, every_s: float = 2.0) -> None:
-        """Notice engines whose process died while idle (a stream notices at once by itself)."""
-        while True:
-            await asyncio.sleep(every_s)
-            for engine in list(self._engines.values()):
-                if engine.state is EngineState.READY and engine.llm is not None and engine.llm.errored:
-                    self.restart(engine)
-
-    async def get(self, preset: Preset) -> Engine:
-        """The preset's engine, ready; starts it (once) if needed, or wakes it if asleep."""
-        engine = self.start(preset)
-        if engine.state is EngineState.SLEEPING:
-            await self._wake(engine)
-        await engine.wait_ready()
-        engine.last_used = time.monotonic()
-        return engine
-
-    async def _wake(self, engine: Engine) -> None:
-        if engine._task is not None and not engine._task.done():
-            await asyncio.shield(engine._task)  # another session is already waking it
-            return
-        engine.state, engine.phase = EngineState.STARTING, "waking up"
-        engine._task = asyncio.get_running_loop().create_task(self._run_wake(engine))
-        await asyncio.shield(engine._task)
-
-    async def _run_wake(self, engine: Engine) -> None:
-        engine.refusal = None
-        try:
-            await self.make_room(engine)
-            assert engine.llm is not None
-            await engine.llm.wake_up()
-            engine.state = EngineState.READY
-        except EngineBusy as exc:
-            engine.state, engine.refusal = EngineState.SLEEPING, exc
-        except Exception as exc:
-            log.exception("Waking the engine for %r failed", engine.preset.name)
-            self._mark_failed(engine, f"The engine for {engine.preset.name} could not wake up ({exc}).")
-    async def _run_start(self, engine: Engine, replacing: Engine | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        make_room = functools.partial(self._make_room_threadsafe, loop)
-        try:
-            if replacing is not None:
-                engine.phase = "cleaning up after the crash"
-                try:
-                    await asyncio.to_thread(replacing.shutdown)
-                except Exception:
-                    log.warning("Shutting down the dead engine for %r failed", replacing.preset.name, exc_info=True)
-            if engine.start_delay_s:
-                engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
-                await asyncio.sleep(engine.start_delay_s)
-            await asyncio.to_thread(engine._build, make_room)
-        except EngineBusy as exc:
-            engine.refusal, engine.state = exc, EngineState.CLOSED
-            if self._engines.get(engine.key) is engine:
-                del self._engines[engine.key]
-        except ChatError as exc:
-            self._mark_failed(engine, exc.message)
-        except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log
-            log.exception("The engine for preset %r failed to start", engine.preset.name)
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line[:300]}).")
-        else:
-            engine.state = EngineState.READY
-            engine.ready_at = time.monotonic()
-            log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
-
-    def _mark_failed(self, engine: Engine, message: str) -> None:
-        engine.state = EngineState.FAILED
-        engine.failures += 1
-        delay = RETRY_DELAYS_S[min(engine.failures, len(RETRY_DELAYS_S)) - 1]
-        engine.retry_at = time.monotonic() + delay
-        engine.error = message
-        log.warning("%s (retrying on the next request after %.0f s)", message, delay)
-
-    def _make_room_threadsafe(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
-        asyncio.run_coroutine_threadsafe(self.make_room(engine), loop).result()
-
-    async def make_room(self, incoming: Engine) -> None:
-        """Unload least recently used idle engines until `incoming` fits the budget."""
-        if self.memory_budget is None:
-            return
-
-        def held() -> float:
-            return sum(
-                e.memory_need
-                for e in self._engines.values()
-                if e is not incoming and e.state in (EngineState.READY, EngineState.STARTING)
-            )
-
-        while held() + incoming.memory_need > self.memory_budget:
-            idle = [
-                e
-                for e in self._engines.values()
-                if e is not incoming and e.state is EngineState.READY and not e.streams
-            ]
-            if not idle:
-                raise EngineBusy(
-                    f"{incoming.preset.name} cannot be loaded while the other loaded models are in use; "
-                    "try again in a minute or pick a preset that is already loaded."
-                )
-            victim = min(idle, key=lambda e: e.last_used)
-            if victim.can_sleep and victim.llm is not None:
-                log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
-                await victim.llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
-                victim.state = EngineState.SLEEPING
-            else:
-                log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
-                await self.unload(victim)
-
-    async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
-        """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
-        await engine.abort_streams(reason)
-        await asyncio.to_thread(engine.shutdown)
-        if self._engines.get(engine.key) is engine:
-            del self._engines[engine.key]
-
-    async def close_all(self) -> None:
-        for engine in list(self._engines.values()):
-            if engine._task is not None and not engine._task.done():
-                continue  # still in its worker thread; the process exit ends its child processes
-            await self.unload(engine, "The demo is shutting down.")
-
-    def loaded(self) -> list[Engine]:
-        return [e for e in self._engines.values() if e.state is EngineState.READY]
-
-
-def engine_failed(engine: Engine, exc: BaseException) -> EngineFailed:
-    """An engine's process died under a stream: have it restarted, and say so plainly."""
-    log.error("Engine for %r died under a stream: %r", engine.preset.name, exc)
-    if engine.on_death is not None and engine.state is EngineState.READY:
-        engine.on_death(engine)
-    return EngineFailed(RESTARTING)

@@ -2,9 +2,11 @@
 
     ChatError                    .message is shown to the user exactly as written
     ├── InputError               the message or conversation cannot be sent as it is
+    │   └── EmptyMessage         there is no message to send
     ├── SettingsError            a sampling value is out of range or of the wrong type
     ├── PresetError              a preset file is invalid (names the file, the key, the fix)
     ├── ModelUnavailable         the model cannot be found, downloaded or converted
+    ├── Stopped                  the reader pressed Stop before the engine took the request
     └── EngineError              the engine cannot take or finish this request
         ├── EngineBusy           too many requests are waiting
         └── EngineFailed         the engine stopped working (it is restarted)
@@ -31,6 +33,10 @@ class InputError(ChatError):
     pass
 
 
+class EmptyMessage(InputError):
+    pass
+
+
 class SettingsError(ChatError):
     pass
 
@@ -40,6 +46,10 @@ class PresetError(ChatError):
 
 
 class ModelUnavailable(ChatError):
+    pass
+
+
+class Stopped(ChatError):
     pass
 
 

@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from chat import metrics
-from chat.engine import EngineRegistry, EngineState
+from chat.engine import EngineState
+from chat.registry import EngineRegistry
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Sampling settings: one declarative table drives the sliders, their help, validation and presets.
+"""Sampling settings: one declarative table (`KNOBS`) drives every place a setting appears: the
+engine's SamplingParams, the Chat and Compare sliders and their help, validation of values from the
+browser, the API and share links, presets' ranges, and the Python client's flags.
 
 A preset may narrow any knob's range and change its default (`sampling:` in its YAML file);
 values from the browser or the API are checked against the preset's range, so a public demo can
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from chat.errors import SettingsError
 
@@ -26,6 +28,20 @@ class Knob:
     maximum: float
     step: float
     integer: bool = False
+    unset: float | None = None  # the value that means "not set", given to the engine as None
+
+    @property
+    def flag(self) -> str:
+        """The client's command-line flag for it."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def kind(self) -> type:
+        return int if self.integer else float
+
+    def engine_value(self, value: float | int) -> float | int | None:
+        """The value as vLLM's SamplingParams takes it."""
+        return None if self.unset is not None and value == self.unset else value
 
     def with_range(self, default: float, minimum: float, maximum: float) -> Knob:
         return replace(self, default=default, minimum=minimum, maximum=maximum)
@@ -82,7 +98,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "seed", "Seed",
         "The same seed, settings and conversation give the same reply; -1 picks a new one every time.",
-        -1, -1, 2**31 - 1, 1, integer=True,
+        -1, -1, 2**31 - 1, 1, integer=True, unset=-1,
     ),
 )
 KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
@@ -90,7 +106,7 @@ KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
 
 @dataclass(frozen=True)
 class Sampling:
-    """The exact values one reply was written with."""
+    """The exact values one reply was written with (one field per knob of KNOBS, in order)."""
 
     temperature: float
     top_p: float
@@ -155,11 +171,8 @@ class SamplingRules:
 
 
 def _sampling(values: Mapping[str, float | int]) -> Sampling:
-    return Sampling(
-        temperature=float(values["temperature"]),
-        top_p=float(values["top_p"]),
-        top_k=int(values["top_k"]),
-        max_tokens=int(values["max_tokens"]),
-        repetition_penalty=float(values["repetition_penalty"]),
-        seed=int(values["seed"]),
-    )
+    return Sampling(**{knob.name: knob.kind(values[knob.name]) for knob in KNOBS})
+
+
+if tuple(f.name for f in fields(Sampling)) != KNOB_NAMES:  # the dataclass and the table must not drift
+    raise RuntimeError("chat.sampling: Sampling's fields must be the knobs of KNOBS, in order")

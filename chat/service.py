@@ -1,23 +1,110 @@
-"""What the UI and the API share: presets by name, engines, and the replies in flight.
+"""The reply pipeline: every message, from the Chat tab, Compare or the API, takes this one path.
 
-Nothing from a browser or API client names a file, a model or an engine argument: they pick a
-preset by name and send sampling values, which are checked against that preset's ranges.
+    request = ReplyRequest("Write a haiku.", preset="SmolLM2 135M (CPU)", sampling={"max_tokens": 64})
+    async for event in service.reply(request):
+        ...   # Waiting(status) while an engine starts, Writing(reply) per redraw, then Finished or Failed
+
+`ChatService.reply` checks the message, resolves the preset and its settings (once), waits for the
+engine with progress, applies the system-prompt policy, streams the reply with paced redraws,
+records the metrics and takes Stop; callers only turn events into their own output. Nothing from a
+browser or API client names a file, a model or an engine argument: they pick a preset by name and
+send sampling values, which are checked against that preset's ranges.
+
+    browser / API ─> chat_tab.respond · CompareTab · api.generate
+                       └─> ChatService.reply ─> registry.wait_until_ready, Reply (chat.stream)
+                                                   └─> Engine.render / Engine.generate ─> vLLM
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from chat.engine import Engine, EngineRegistry, EngineState
-from chat.errors import InputError, PresetError
-from chat.history import Message
+from chat import metrics
+from chat.errors import UNEXPECTED_ERROR, ChatError, EmptyMessage, EngineBusy, InputError, PresetError, Stopped
+from chat.history import to_model_messages
+from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
-from chat.stream import Reply
+from chat.registry import EngineRegistry
+from chat.sampling import Sampling
+from chat.stream import Reply, paced
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """One message to answer, as any front end hands it over."""
+
+    message: str
+    history: Sequence[Mapping[str, Any]] = ()  # earlier turns (Gradio's messages or plain role/content)
+    preset: str | None = None  # None: the default preset
+    system_prompt: str | None = None  # None: the preset's own; "" none at all
+    sampling: Mapping[str, object] | Sampling = field(default_factory=dict)  # missing knobs take the preset's defaults
+    stop_key: str | None = None  # `ChatService.stop(key)` stops every reply given this key
+    submitted_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The engine is not ready yet (starting, waking); `status` says what it is doing."""
+
+    status: str
+
+
+@dataclass(frozen=True)
+class Writing:
+    """New text to show: `reply.text` so far, `reply.progress` for the line beneath it."""
+
+    reply: Reply
+
+    def line(self) -> str:
+        return self.reply.progress.line(time.monotonic())
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The reply ended (by itself, by Stop, by a timeout): `reply.stats` and `reply.notice` say how."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class Failed:
+    """It could not be written, or not to the end; `error.message` is the sentence to show.
+
+    `reply` holds what was written before a failure mid-way (None when refused before the engine).
+    `error` is `Stopped` when the reader pressed Stop before the engine took the request.
+    """
+
+    error: ChatError
+    reply: Reply | None = None
+
+
+ReplyEvent = Waiting | Writing | Finished | Failed
+
+
+class _Ticket:
+    """One reply in the pipeline, so that Stop reaches it at whatever stage it is."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.reply: Reply | None = None
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.reply is not None:
+            self.reply.stop()
+
+    def check(self) -> None:
+        if self.stopped:
+            raise Stopped("Stopped by you before the reply started.")
 
 
 @dataclass
@@ -26,9 +113,10 @@ class ChatService:
     registry: EngineRegistry
     default_preset: str
     has_gpu: bool = False
-    _replies: dict[str, Reply] = field(default_factory=dict)  # session -> its reply in flight
-    _preparing: set[str] = field(default_factory=set)  # sessions whose reply is not streaming yet
-    _stopped_early: set[str] = field(default_factory=set)  # ... and whose reader already pressed Stop
+    pacer: RedrawPacer = field(default_factory=RedrawPacer)
+    _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
+
+    # --- presets ---------------------------------------------------------------------------
 
     def preset(self, name: str | None) -> Preset:
         """A preset this machine can run, by name; PresetError says why not otherwise."""
@@ -46,92 +134,118 @@ class ChatService:
     def unavailable(self) -> dict[str, str]:
         return self.catalog.unusable(self.has_gpu)
 
-    def check_message(self, message: object, system_prompt: object = "") -> str:
-        """The message as it will be sent, or InputError saying what to change."""
-        if not isinstance(message, str) or not message.strip():
-            raise InputError("Type a message first.")
-        if len(message) > MAX_MESSAGE_CHARS:
-            raise InputError(
-                f"Your message is {len(message):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
-                "Shorten it and send it again."
-            )
-        if not isinstance(system_prompt, str | None):
-            raise InputError("The system prompt must be text.")
-        if system_prompt and len(system_prompt) > MAX_MESSAGE_CHARS:
-            raise InputError(
-                f"The system prompt is {len(system_prompt):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
-                "Shorten it and send your message again."
-            )
-        return message
+    # --- the pipeline ----------------------------------------------------------------------
 
-    async def engine_progress(self, preset: Preset, every_s: float = 1.0) -> AsyncIterator[str]:
-        """Yield a status line every `every_s` while the preset's engine starts; return when ready.
+    async def reply(self, request: ReplyRequest) -> AsyncIterator[ReplyEvent]:
+        """Answer one message: Waiting*, Writing*, then exactly one Finished or Failed.
 
-        Raises EngineError when it cannot start.
+        Never raises for anything a person can cause; unexpected errors are logged with their
+        traceback and end as Failed with a generic sentence. Closing the iterator aborts the reply.
         """
-        engine = self.registry.start(preset)
-        while engine.state is EngineState.STARTING:
-            yield engine.status()
-            try:
-                await asyncio.wait_for(engine.wait_ready(), timeout=every_s)
-            except TimeoutError:
-                continue
-        await engine.wait_ready()
-
-    async def engine(self, preset: Preset) -> Engine:
-        return await self.registry.get(preset)
-
-    def open_reply(
-        self,
-        engine: Engine,
-        preset: Preset,
-        messages: list[Message],
-        sampling_values: Mapping[str, object],
-        *,
-        session: str | None = None,
-        submitted_at: float | None = None,
-    ) -> Reply:
-        now = time.monotonic()
-        reply = Reply(
-            engine,
-            preset,
-            messages,
-            preset.sampling.resolve(sampling_values),
-            submitted_at=now,
-            # Time spent waiting for the engine to start is reported apart from time to first token.
-            engine_wait_s=0.0 if submitted_at is None else max(now - submitted_at, 0.0),
-        )
-        if session:
-            self._replies[session] = reply
-            self._preparing.discard(session)
-            if session in self._stopped_early:
-                self._stopped_early.discard(session)
+        ticket = self._issue(request.stop_key)
+        preset_name = request.preset or self.default_preset
+        reply: Reply | None = None
+        try:
+            preset = self.preset(request.preset)
+            preset_name = preset.name
+            check_text(request.message, "Your message", new_message=True)
+            check_text(request.system_prompt or "", "The system prompt")
+            system_prompt = preset.system_prompt if request.system_prompt is None else request.system_prompt
+            messages = to_model_messages(request.history, request.message, system_prompt)
+            for message in messages:  # what the model will read (unanswered messages are left out)
+                check_text(message["content"], "A message in this conversation")
+            sampling = request.sampling
+            if not isinstance(sampling, Sampling):
+                sampling = preset.sampling.resolve(sampling)
+            async for status in self.registry.wait_until_ready(preset):
+                ticket.check()
+                yield Waiting(status)
+            ticket.check()
+            engine = await self.registry.get(preset)
+            now = time.monotonic()
+            reply = ticket.reply = Reply(
+                engine, preset, messages, sampling,
+                submitted_at=now,
+                # Time spent waiting for the engine to start is reported apart from time to first token.
+                engine_wait_s=max(now - request.submitted_at, 0.0),
+            )
+            if ticket.stopped:
                 reply.stop()
-        return reply
+            async with contextlib.aclosing(self._stream(reply)) as writing:
+                async for event in writing:
+                    yield event
+            yield Finished(reply)
+        except Stopped as exc:
+            yield Failed(exc)
+        except ChatError as exc:
+            if reply is None or not reply.generating:
+                metrics.rejected(preset_name, _reason(exc))
+            yield Failed(exc, reply)
+        except Exception:
+            log.exception("Unexpected error while replying")
+            yield Failed(ChatError(UNEXPECTED_ERROR), reply)
+        finally:
+            self._release(request.stop_key, ticket)
+            if reply is not None and reply.stats is not None:
+                metrics.reply_finished(reply.stats)
 
-    def preparing(self, session: str | None) -> None:
-        """A reply for this session is on its way (waiting for an engine, say): Stop applies to it."""
-        if session:
-            self._preparing.add(session)
-            self._stopped_early.discard(session)
+    async def _stream(self, reply: Reply) -> AsyncIterator[Writing]:
+        in_flight = metrics.STREAMS_IN_FLIGHT.labels(reply.preset.name)
+        in_flight.inc()
+        self.pacer.started()
+        first_token_counted = False
+        try:
+            async with contextlib.aclosing(paced(reply, self.pacer.interval)) as redraws:  # closing it aborts
+                async for _ in redraws:
+                    if not first_token_counted and reply.progress.first_token_at is not None:
+                        first_token_counted = True
+                        metrics.first_token(reply.preset.name, reply.progress.first_token_at - reply.submitted_at)
+                    yield Writing(reply)
+        finally:
+            self.pacer.ended()
+            in_flight.dec()
 
-    def close_reply(self, session: str | None, reply: Reply | None) -> None:
-        if session:
-            self._preparing.discard(session)
-            self._stopped_early.discard(session)
-            if reply is not None and self._replies.get(session) is reply:
-                del self._replies[session]
+    # --- Stop ------------------------------------------------------------------------------
 
-    def stop_requested(self, session: str | None) -> bool:
-        return bool(session) and session in self._stopped_early
+    def stop(self, key: str | None) -> bool:
+        """Stop every reply given this stop key, streaming or on its way; False when there is none."""
+        tickets = self._tickets.get(key or "")
+        if not tickets:
+            return False
+        for ticket in list(tickets):
+            ticket.stop()
+        return True
 
-    def stop(self, session: str | None) -> bool:
-        """Stop the session's reply in flight or on its way; False when there is none."""
-        reply = self._replies.get(session or "")
-        if reply is not None:
-            reply.stop()
-            return True
-        if session in self._preparing:
-            self._stopped_early.add(session)
-            return True
-        return False
+    def _issue(self, key: str | None) -> _Ticket:
+        ticket = _Ticket()
+        if key:
+            self._tickets.setdefault(key, set()).add(ticket)
+        return ticket
+
+    def _release(self, key: str | None, ticket: _Ticket) -> None:
+        tickets = self._tickets.get(key or "")
+        if tickets is not None:
+            tickets.discard(ticket)
+            if not tickets:
+                del self._tickets[key or ""]
+
+
+def check_text(text: object, what: str, *, new_message: bool = False) -> str:
+    """The text as it will be sent, or InputError saying what to change."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be text.")
+    if new_message and not text.strip():
+        raise EmptyMessage("Type a message first.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        again = "send it again" if new_message else "send your message again"
+        raise InputError(f"{what} is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Shorten it and {again}.")
+    return text
+
+
+def _reason(exc: ChatError) -> str:
+    """The `reason` label of chat_requests_rejected_total."""
+    if isinstance(exc, EngineBusy):
+        return "busy"
+    if isinstance(exc, InputError):
+        return "input"
+    return type(exc).__name__

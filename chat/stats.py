@@ -8,6 +8,7 @@ compared with each other.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -153,3 +154,14 @@ def _seconds(value: float | None) -> str:
     if value < 1:
         return f"{value * 1000:.0f} ms"
     return f"{value:.1f} s"
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile, interpolating between the closest ranks (numpy's default); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -9,12 +9,12 @@ from starlette.routing import BaseRoute, Route
 from chat import api
 from chat.auth import Login
 from chat.engine import EngineState
+from chat.reply_log import GRACE_S
 from chat.service import ChatService
-from chat.stream import FLUSH_S
 
 
 def routes(
-    service: ChatService, login: Login | None = None, flush_s: float = FLUSH_S, grace_s: float = api.GRACE_S
+    service: ChatService, login: Login | None = None, grace_s: float = GRACE_S
 ) -> list[BaseRoute]:
     """/healthz (open, for load balancers: states and counts only) and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
@@ -32,7 +32,7 @@ def routes(
                     "waiting": engine.load.waiting,
                     "kv_cache_usage": engine.load.kv_cache_usage,
                     "unfinished": engine.num_unfinished(),
-                    "streams": len(engine.streams),
+                    "streams": engine.streams,
                     "start_seconds": engine.start_seconds,
                 }
             )
@@ -45,5 +45,5 @@ def routes(
 
     return [
         Route("/healthz", healthz, methods=["GET"]),
-        *api.routes(service, allows=login.allows if login else None, grace_s=grace_s, flush_s=flush_s),
+        *api.routes(service, allows=login.allows if login else None, grace_s=grace_s),
     ]

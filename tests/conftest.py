@@ -7,8 +7,10 @@ the server's loop); the app runs exactly as `python app.py` does, on a free loca
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
 
 
+TIERS = ("unit", "engine", "app", "browser")
+# A test's tier, when its module does not say: the heaviest of what its fixtures start.
+TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client"}, "engine": {"engine", "registry"}}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones."""
+    for item in items:
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        used = set(getattr(item, "fixturenames", ()))
+        tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")
+        item.add_marker(tier)
+
+
 @pytest.fixture(scope="session")
 def default_preset():
     from chat.presets import load_presets
@@ -35,7 +52,7 @@ def default_preset():
 
 @pytest.fixture(scope="session")
 async def registry():
-    from chat.engine import EngineRegistry
+    from chat.registry import EngineRegistry
 
     registry = EngineRegistry()
     yield registry
@@ -45,6 +62,17 @@ async def registry():
 @pytest.fixture(scope="session")
 async def engine(registry, default_preset):
     return await registry.get(default_preset)
+
+
+async def eventually(condition, within_s: float = 15.0, every_s: float = 0.05) -> bool:
+    """Wait until `condition()` is true (polling; no fixed sleeps in tests); whether it came true in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(every_s)
+    return True
 
 
 def free_port() -> int:
@@ -123,6 +151,46 @@ def stop_app(app: RunningApp) -> None:
 
 
 RESUME_GRACE_S = 10  # the shared app's: shorter than the longest reply the embedded model writes
+LEFT_BEHIND_WITHIN_S = 15.0  # after a test, its engine requests must be gone within this (aborts take a moment)
+PROBLEM_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
+
+
+async def _settled(registry, within_s: float) -> list[str]:
+    """Wait until no engine of `registry` streams or tracks a request; what is left behind otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        left = [f"{e.preset.name}: {e.streams} streaming, {e.num_unfinished()} unfinished"
+                for e in registry if e.streams or e.num_unfinished()]
+        if not left or loop.time() > deadline:
+            return left
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(request):
+    """After every test: no engine request it started is left running, in this process or in the
+    shared app, and the shared app logged no traceback or ERROR line while it ran (a test that
+    causes one on purpose says so with @pytest.mark.logs_errors)."""
+    used = set(request.fixturenames)
+    registry = request.getfixturevalue("registry") if "registry" in used else None
+    app = request.getfixturevalue("app_server") if "app_server" in used else None
+    log_from = app.log_path.stat().st_size if app else 0
+    yield
+    if registry is not None:
+        loop = next((e.task.get_loop() for e in registry if e.task is not None), None)
+        left = loop.run_until_complete(_settled(registry, LEFT_BEHIND_WITHIN_S)) if loop else []
+        assert not left, f"engine requests left behind: {left}"
+    if app is not None:
+        busy = [e for e in app.wait_idle(LEFT_BEHIND_WITHIN_S).get("engines", [])
+                if e["running"] or e["waiting"] or e["unfinished"] or e["streams"]]
+        assert not busy, f"the app still has requests in flight: {busy}"
+        if not request.node.get_closest_marker("logs_errors"):
+            with open(app.log_path, errors="replace") as log:
+                log.seek(log_from)
+                lines = log.readlines()
+            first = next((i for i, line in enumerate(lines) if PROBLEM_LINE.search(line)), None)
+            assert first is None, "the app logged a problem during this test:\n" + "".join(lines[first:first + 40])
 
 
 @pytest.fixture(scope="session")

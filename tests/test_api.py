@@ -11,7 +11,7 @@ import time
 import pytest
 import websockets
 
-from chat.client import ChatApiError, ReplyStream, read_reply, websocket_url
+from chat.client import ChatApiError, ReplyStream, websocket_url
 from tests.conftest import RESUME_GRACE_S, ROOT, free_port
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -274,7 +274,6 @@ async def test_a_dropped_reply_nobody_resumes_is_aborted_after_the_grace_period(
             pass
     ws.transport.abort()  # the network goes away: no close frame
     dropped_at = time.monotonic()
-    await asyncio.sleep(3)
     assert (await engine_load(app_server))["running"] == 1, "a dropped connection's reply keeps running"
     assert await idle(app_server, within_s=RESUME_GRACE_S + 15) == IDLE
     assert time.monotonic() - dropped_at > RESUME_GRACE_S - 1, "it waits the grace period for a resume"
@@ -289,7 +288,8 @@ async def test_the_client_falls_back_to_the_gradio_api_when_the_socket_is_refuse
     for ws_url in (f"ws://127.0.0.1:{free_port()}/chat", websocket_url(app_server.url) + "-nowhere"):
         fallback = ReplyStream("Name three rivers.", url=app_server.url, ws_url=ws_url, sampling=settings, retries=2)
         parts = [text async for text in fallback]
-        assert fallback.via == "gradio" and fallback.reconnects == 2 and fallback.stats is None
+        assert fallback.via == "gradio" and fallback.reconnects == 2
+        assert fallback.stats["generated_tokens"] == 12 and fallback.stats["finish"] == "max_tokens"
         assert parts == [fallback.text] and fallback.finish == "max_tokens"
         assert " · 12 tokens · " in fallback.summary and fallback.summary.endswith(" · reached the Max tokens limit")
         # The API and the UI render the same conversation: greedy decoding gives the same words.
@@ -313,17 +313,19 @@ def test_the_command_line_client_prints_the_reply_then_the_stats(app_server):
 
 
 def test_the_fallback_reads_a_timed_out_reply_and_raises_a_refusal():
-    """The Gradio API's messages, as chat/ui/messages.py titles them (unit test of the parsing)."""
-    stats = "first token 90 ms · 8.1 tokens/s · 40 tokens · 60.2 s total · timed out"
-    timed_out = [
-        {"role": "assistant", "content": "Once upon a time", "metadata": None},
-        {"role": "assistant", "content": "", "metadata": {"title": f"⚠️ The model produced nothing for 60 s. · {stats}"}},
-    ]
-    assert read_reply(timed_out) == ("Once upon a time", stats, "timed_out", "The model produced nothing for 60 s.")
-    finished = [{"role": "assistant", "content": "Hi!", "metadata": None},
-                {"role": "assistant", "content": "", "metadata": {"title": "📊 first token 50 ms · 1 tokens · finished"}}]
-    assert read_reply(finished)[1:] == ("first token 50 ms · 1 tokens · finished", "finished", None)
-    refused = [{"role": "assistant", "content": "", "metadata": {"title": "⚠️ Type a message first."}}]
+    """/reply's answers as chat/ui/reply_api.py writes them (unit test of the reading)."""
+    stream = ReplyStream("Hi")
+    stats = {"preset": "P", "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "max_tokens": 64,
+             "repetition_penalty": 1.0, "seed": -1}, "prompt_tokens": 20, "cached_prompt_tokens": 0,
+             "generated_tokens": 40, "first_token_s": 0.09, "total_s": 60.2, "queue_s": 0.0, "prefill_s": 0.05,
+             "decode_s": 4.8, "finish": "timed_out", "context_limit": 2048, "engine_wait_s": 0.0}
+    timed_out = {"text": "Once upon a time", "stats": stats, "finish": "timed_out",
+                 "notice": "The model produced nothing for 60 s.", "error": None}
+    assert stream.take(timed_out) == "Once upon a time"
+    assert (stream.finish, stream.notice) == ("timed_out", "The model produced nothing for 60 s.")
+    assert stream.summary.endswith("40 tokens · 60.2 s total · timed out")
+    refused = {"text": "", "stats": None, "finish": "error", "notice": None,
+               "error": {"code": "empty_message", "message": "Type a message first."}}
     with pytest.raises(ChatApiError) as caught:
-        read_reply(refused)
+        stream.take(refused)
     assert caught.value.message == "Type a message first."

@@ -13,24 +13,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from chat.compare import (
-    ALL_BAD,
-    HIDDEN,
-    TIE,
-    Comparison,
-    decode_link,
-    encode_link,
-    percentile,
-    summarize,
-    to_csv,
-    to_json,
-    to_markdown,
-    write_exports,
-)
+from chat.compare import ALL_BAD, HIDDEN, TIE, Comparison
+from chat.compare_report import summarize, to_csv, to_json, to_markdown, write_exports
 from chat.errors import InputError, PresetError, SettingsError
 from chat.history import text_of
 from chat.presets import load_presets
-from chat.stats import Finish, ReplyStats
+from chat.share_link import decode_link, encode_link
+from chat.stats import Finish, ReplyStats, percentile
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
 

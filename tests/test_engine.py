@@ -7,12 +7,15 @@ import asyncio
 import psutil
 import pytest
 
-from chat.engine import EngineRegistry, EngineState
+from chat.engine import EngineState
 from chat.errors import EngineBusy
 from chat.presets import load_preset, load_presets
+from chat.registry import EngineRegistry
 from chat.stats import Finish
-from tests.conftest import small_preset
-from tests.test_stream import engine_idle, reply_to
+from tests.conftest import eventually, small_preset
+from tests.test_stream import reply_to
+
+pytestmark = pytest.mark.engine
 
 
 def engine_processes() -> list[psutil.Process]:
@@ -93,9 +96,12 @@ async def test_budget_concurrency_and_unloading(small_presets):
         # Idle, it is the least recently used one: it is unloaded and its process ends.
         engine_b = await registry.get(second)
         assert engine_a.state is EngineState.CLOSED and engine_b.state is EngineState.READY
-        await asyncio.sleep(1)
-        alive = [p for p in engine_processes() if p.pid not in before]
-        assert len(alive) == 1 and alive[0].pid != started[0].pid
+
+        def new_engines() -> list[psutil.Process]:
+            return [p for p in engine_processes() if p.pid not in before]
+
+        assert await eventually(lambda: len(new_engines()) == 1)
+        assert new_engines()[0].pid != started[0].pid
 
         # Unloading on purpose ends streams in flight with a plain message, without hanging.
         reply = reply_to(engine_b, second, "Tell me a long story about foxes.", max_tokens=400, temperature=0.8)
@@ -110,9 +116,4 @@ async def test_budget_concurrency_and_unloading(small_presets):
         assert engine_b.state is EngineState.CLOSED
     finally:
         await registry.close_all()
-    await asyncio.sleep(1)
-    assert {p.pid for p in engine_processes()} <= before
-
-
-async def test_the_default_engine_is_idle_after_all_of_this(engine):
-    assert await engine_idle(engine)
+    assert await eventually(lambda: {p.pid for p in engine_processes()} <= before)

@@ -98,6 +98,7 @@ def http_status(url: str, auth: tuple[str, str] | None = None) -> int:
         return exc.code
 
 
+@pytest.mark.app
 def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     import websockets.sync.client as ws
     from gradio_client import Client
@@ -121,6 +122,7 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     assert asyncio.run(over_the_socket())
 
 
+@pytest.mark.app
 def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
     from gradio_client import Client
 
@@ -149,7 +151,3 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
     with urllib.request.urlopen(metrics_request, timeout=10) as response:
         assert f'chat_engine_restarts_total{{preset="{PRESET}"}} 1.0' in response.read().decode()
 
-
-async def test_the_shared_engine_is_idle_at_the_end(engine):
-    await asyncio.sleep(0)
-    assert await engine_idle(engine)

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import html
+import inspect
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from chat import metrics
-from chat.errors import UNEXPECTED_ERROR, ChatError
-from chat.history import to_model_messages
+from chat.errors import ChatError
 from chat.presets import Preset
-from chat.sampling import KNOB_NAMES, Knob
-from chat.service import ChatService
-from chat.stream import Reply, paced
-from chat.ui.components import PlainNumber, PlainSlider
-from chat.ui.messages import (
-    PROBLEM,
-    STOPPED,
-    WAITING,
-    annotation,
-    conversation_file,
-    preset_card,
-    reply_messages,
-    stats_annotation,
-)
+from chat.sampling import KNOB_NAMES, KNOBS, Knob
+from chat.service import ChatService, ReplyRequest
+from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
+from chat.ui.messages import conversation_file, event_messages, preset_card
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +37,7 @@ def knob_input(knob: Knob) -> gr.components.Component:
 class Settings:
     """The sidebar's inputs, in the order the chat function takes them."""
 
-    preset: gr.Dropdown
+    preset: PlainDropdown
     card: gr.Markdown
     system_prompt: gr.Textbox
     knobs: list[gr.components.Component]
@@ -64,7 +52,7 @@ def settings_sidebar(service: ChatService) -> Settings:
     default = service.preset(None)
     unavailable = service.unavailable()
     with gr.Sidebar(position="right", width=340, open=True, label="Settings"):
-        preset = gr.Dropdown(
+        preset = PlainDropdown(
             choices=service.preset_names(), value=default.name, label="Preset", elem_id="preset",
             info="A model with its engine and sampling settings.",
         )
@@ -81,55 +69,24 @@ def settings_sidebar(service: ChatService) -> Settings:
     return Settings(preset, card, system_prompt, knobs)
 
 
-def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int | None, flush_s: float) -> None:
+def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int | None) -> None:
     """The chat itself, with Stop and the engine's load beneath it."""
     default = service.preset(None)
     assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
     async def respond(
-        message: str,
-        history: list[dict[str, Any]],
-        preset_name: str,
-        system_prompt: str,
-        temperature: float,
-        top_p: float,
-        top_k: float,
-        max_tokens: float,
-        repetition_penalty: float,
-        seed: float,
-        request: gr.Request,
+        message: str, history: list[dict[str, Any]], request: gr.Request, preset_name: str, system_prompt: str,
+        *knob_values: float,
     ) -> AsyncIterator[list[gr.ChatMessage]]:
-        submitted = time.monotonic()
-        session = request.session_hash if request is not None else None
-        values = dict(zip(KNOB_NAMES, (temperature, top_p, top_k, max_tokens, repetition_penalty, seed), strict=True))
-        reply: Reply | None = None
-        service.preparing(session)
-        try:
-            text = service.check_message(message, system_prompt)
-            preset = service.preset(preset_name)
-            preset.sampling.resolve(values)  # fail fast, before waiting for an engine
-            async for status in service.engine_progress(preset):
-                if service.stop_requested(session):
-                    yield [annotation(f"{STOPPED} Stopped by you before the reply started.")]
-                    return
-                yield [annotation(f"{WAITING} {status}", pending=True)]
-            engine = await service.engine(preset)
-            messages = to_model_messages(history, text, system_prompt if system_prompt is not None else preset.system_prompt)
-            reply = service.open_reply(engine, preset, messages, values, session=session, submitted_at=submitted)
-            async with contextlib.aclosing(paced(reply, flush_s=flush_s)) as redraws:
-                async for _ in redraws:
-                    line = reply.progress.line(time.monotonic())
-                    yield reply_messages(reply, annotation(f"{WAITING} {line}", pending=True))
-            assert reply.stats is not None
-            yield reply_messages(reply, stats_annotation(reply.stats, reply.notice))
-        except ChatError as exc:
-            if reply is None:  # refused before reaching the engine (the stream counts its own)
-                metrics.rejected(str(preset_name), type(exc).__name__)
-            yield reply_messages(reply, annotation(f"{PROBLEM} {exc.message}"))
-        except Exception:
-            log.exception("Unexpected error while replying")
-            yield reply_messages(reply, annotation(f"{PROBLEM} {UNEXPECTED_ERROR}"))
-        finally:
-            service.close_reply(session, reply)
+        # Gradio passes the request where the signature names it; only parameters before *args count.
+        ask = ReplyRequest(
+            message, history, preset=preset_name, system_prompt=system_prompt,
+            sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
+        )
+        async with contextlib.aclosing(service.reply(ask)) as events:
+            async for event in events:
+                yield event_messages(event)
+
+    name_knob_parameters(respond)
 
     # Gradio wires clicks on a chat's examples only when it starts with some, so presets' own
     # examples replace each other only then.
@@ -157,8 +114,8 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         engine = service.registry.peek(preset)
         return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
 
-    async def stop(request: gr.Request) -> None:
-        service.stop(request.session_hash)
+    async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        service.stop(stop_key(request))
 
     title = gr.Markdown(title_of(default), elem_id="title")
     chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False)
@@ -196,6 +153,20 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         **internal,
     ).then(warm_up, [settings.preset], [status], **internal)
     gr.Timer(2.0).tick(engine_status, [settings.preset], [status], show_progress="hidden", **internal)
+
+
+def name_knob_parameters(fn: Callable[..., Any]) -> None:
+    """Give `fn(..., *knob_values)` one named parameter per knob, as Gradio reads signatures: the
+    API then takes `temperature=0.2` by name, and a gr.Request parameter keeps its position."""
+    signature = inspect.signature(fn)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    knobs = [inspect.Parameter(knob.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=knob.kind) for knob in KNOBS]
+    fn.__signature__ = signature.replace(parameters=[*fixed, *knobs])  # type: ignore[attr-defined]
+
+
+def stop_key(request: gr.Request) -> str:
+    """The Chat tab's Stop stops this browser session's chat reply (not its Compare columns)."""
+    return f"chat:{request.session_hash}"
 
 
 def title_of(preset: Preset) -> str:

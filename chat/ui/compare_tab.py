@@ -1,7 +1,8 @@
 """The Compare tab: one prompt to two to four presets at once, streamed side by side, voted on.
 
-One event writes every column (`chat.fanout`); the record (turns, replies, stats, votes), the
-summary, the exports and the share link live in `chat.compare`; this module only draws.
+One event writes every column (`chat.fanout`, through the reply pipeline); the record (turns,
+replies, stats, votes) lives in `chat.compare`, the summary and exports in `chat.compare_report`,
+the share link in `chat.share_link`; this module only draws.
 """
 
 from __future__ import annotations
@@ -18,24 +19,16 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from chat.compare import (
-    LABELS,
-    MAX_COLUMNS,
-    ComparedReply,
-    Comparison,
-    decode_link,
-    encode_link,
-    summarize,
-    write_exports,
-)
+from chat.compare import LABELS, MAX_COLUMNS, ComparedReply, Comparison
+from chat.compare_report import summarize, write_exports
 from chat.errors import ChatError, InputError
-from chat.fanout import STOPPED_EARLY, Job, Writing, write_all
+from chat.fanout import Job, write_all
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, Knob, Sampling
-from chat.service import ChatService
-from chat.stream import FLUSH_S
+from chat.service import ChatService, ReplyRequest, check_text
+from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
-from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, reply_messages, shown_text, stats_annotation
+from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +74,12 @@ def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = (
 
 def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None) -> list[gr.ChatMessage]:
     if not entry.finished:
-        if job is None or job.reply is None:
-            return [annotation(f"{WAITING} {job.waiting if job else 'Waiting…'}", pending=True)]
-        line = job.reply.progress.line(time.monotonic())
-        return reply_messages(job.reply, annotation(f"{WAITING} {line}", pending=True))
+        if job is None or job.event is None:
+            return [annotation(f"{WAITING} Waiting for the engine…", pending=True)]
+        return event_messages(job.event)
     messages = [gr.ChatMessage(role="assistant", content=shown_text(entry.text))] if entry.text else []
     if entry.error:
-        messages.append(annotation(f"{STOPPED if entry.error == STOPPED_EARLY else PROBLEM} {entry.error}"))
+        messages.append(annotation(f"{STOPPED if entry.stopped_early else PROBLEM} {entry.error}"))
     elif entry.stats is not None and comparison.revealed:
         messages.append(stats_annotation(entry.stats, entry.notice))
     elif entry.stats is not None:
@@ -132,10 +124,10 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
 class CompareTab:
     """The tab's components, and its events as methods (each returns updates keyed by component)."""
 
-    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, flush_s: float) -> None:
-        self.service, self.flush_s = service, flush_s
+    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs) -> None:
+        self.service = service
         self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
-        self.writing: dict[str, Writing] = {}  # session -> the replies it is writing now
+        self.writing: set[str] = set()  # sessions writing replies now (one comparison turn at a time)
         names = service.preset_names()
         first = names[:2]
         gr.Markdown(INTRO, elem_id="compare-intro")
@@ -280,18 +272,26 @@ class CompareTab:
 
     # --- events ------------------------------------------------------------------------------
 
+    def job(self, comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> Job:
+        """The request that writes one column's reply to a turn, with that column's preset and settings."""
+        column = comparison.columns[entry.column]
+        return Job(entry, ReplyRequest(
+            comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
+            system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
+            submitted_at=submitted_at,  # one moment for all columns: their first-token times compare
+        ))
+
     async def drive(self, board: Board, jobs: list[Job], session: str, first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
         """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports."""
-        self.writing[session] = current = Writing(jobs)  # before any await: a second Send is refused
+        self.writing.add(session)  # before any await: a second Send is refused
         try:
             yield first
-            async with contextlib.aclosing(write_all(self.service, current, self.flush_s)) as redraws:
+            async with contextlib.aclosing(write_all(self.service, jobs)) as redraws:
                 async for _ in redraws:
                     yield self.chats(board.comparison, jobs)
             yield {**self.chats(board.comparison), **self.after_turn(board)}
         finally:
-            if self.writing.get(session) is current:
-                del self.writing[session]
+            self.writing.discard(session)
 
     async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
@@ -301,7 +301,7 @@ class CompareTab:
             yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
             return
         try:
-            text = self.service.check_message(prompt)
+            text = check_text(prompt, "Your message", new_message=True)
             comparison = board.comparison or Comparison.start([self.service.preset(name) for name in picked], blind)
             presets = [self.service.preset(column.preset) for column in comparison.columns]
             sampling = [self.sampling_of(preset, picked, knob_values) for preset in presets]
@@ -312,8 +312,8 @@ class CompareTab:
             return
         board.comparison = comparison
         turn = comparison.add_turn(text, sampling)
-        jobs = [Job(entry, presets[entry.column], comparison.messages(entry.column, len(comparison.turns) - 1))
-                for entry in turn.replies]
+        now = time.monotonic()
+        jobs = [self.job(comparison, entry, len(comparison.turns) - 1, session, now) for entry in turn.replies]
         first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
                  self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
                  **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),
@@ -337,7 +337,7 @@ class CompareTab:
             except ChatError as exc:
                 yield {self.status: f"{PROBLEM} {exc.message}"}
                 return
-            job = Job(entry, self.service.preset(comparison.columns[column].preset), comparison.messages(column, index))
+            job = self.job(comparison, entry, index, session, time.monotonic())
             first = {self.status: "", **self.chats(comparison, [job]), **{b: gr.Button(interactive=False) for b in self.votes}}
             async for update in self.drive(board, [job], session, first):
                 yield update
@@ -361,10 +361,8 @@ class CompareTab:
 
         return vote
 
-    async def stop_all(self, request: gr.Request) -> None:  # async: Reply.stop() aborts on this event loop
-        current = self.writing.get(request.session_hash or "")
-        if current is not None:
-            current.stop()
+    async def stop_all(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        self.service.stop(stop_key(request.session_hash or ""))
 
     async def start_over(self, request: gr.Request, board: Board, picked: list[str], blind: bool) -> dict[Any, Any]:
         await self.stop_all(request)
@@ -400,8 +398,8 @@ class CompareTab:
         out: dict[Any, Any] = {}
         if isinstance(self.tabs, gr.Tabs) and (found or problem):
             out[self.tabs] = gr.Tabs(selected="compare")
-        if found is None:
-            return {**out, self.status: problem} if problem else out
+        if found is None:  # nothing to open; Gradio takes an empty dict for one value, so skip the status
+            return {**out, self.status: problem or gr.skip()}
         values = {name: sampling.as_dict() for name, sampling in zip(found.presets, found.sampling, strict=True)}
         presets = [self.service.preset(name) for name in found.presets]
         return {**out, **self.setup(found.presets, values), **self.headings_of(None, found.presets, found.blind),
@@ -410,5 +408,10 @@ class CompareTab:
                 self.status: "Opened from a share link: press Send to run it."}
 
 
-def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, *, flush_s: float = FLUSH_S) -> CompareTab:
-    return CompareTab(service, demo, tabs, flush_s)
+def stop_key(session: str) -> str:
+    """Compare's Stop stops every column of this browser session (not its Chat tab's reply)."""
+    return f"compare:{session}"
+
+
+def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs) -> CompareTab:
+    return CompareTab(service, demo, tabs)

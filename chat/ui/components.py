@@ -1,7 +1,8 @@
 """Gradio inputs that hand their values to the chat function unchecked.
 
-Gradio's own range check answers API callers "Value 9 is greater than maximum value 2.0" without
-naming the setting; `SamplingRules.resolve` says which one and what is allowed, in the chat.
+Gradio's own checks answer API callers "Value 9 is greater than maximum value 2.0" without naming
+the setting, and log a traceback for a preset name that is not in the list; the reply pipeline
+says which setting or preset and what is allowed, in the chat, in one sentence.
 (Gradio writes a typing stub, components.pyi, next to this file on import; it is git-ignored.)
 """
 
@@ -20,6 +21,13 @@ class PlainSlider(gr.Slider):
 
 
 class PlainNumber(gr.Number):
+    is_template = True
+
+    def preprocess(self, payload: Any) -> Any:
+        return payload
+
+
+class PlainDropdown(gr.Dropdown):
     is_template = True
 
     def preprocess(self, payload: Any) -> Any:

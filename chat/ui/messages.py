@@ -15,8 +15,10 @@ from pathlib import Path
 
 import gradio as gr
 
+from chat.errors import Stopped
 from chat.history import text_of
 from chat.presets import Preset
+from chat.service import Finished, ReplyEvent, Waiting, Writing
 from chat.stats import ReplyStats
 from chat.stream import Reply
 
@@ -49,6 +51,19 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
         messages.append(gr.ChatMessage(role="assistant", content=shown_text(reply.text)))
     messages.append(annotation_msg)
     return messages
+
+
+def event_messages(event: ReplyEvent) -> list[gr.ChatMessage]:
+    """A reply as it stands after one event of the pipeline: its text, and the line beneath it."""
+    if isinstance(event, Waiting):
+        return [annotation(f"{WAITING} {event.status}", pending=True)]
+    if isinstance(event, Writing):
+        return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))
+    if isinstance(event, Finished):
+        assert event.reply.stats is not None
+        return reply_messages(event.reply, stats_annotation(event.reply.stats, event.reply.notice))
+    mark = STOPPED if isinstance(event.error, Stopped) else PROBLEM
+    return reply_messages(event.reply, annotation(f"{mark} {event.error.message}"))
 
 
 def stats_annotation(stats: ReplyStats, notice: str | None = None) -> gr.ChatMessage:

@@ -1,6 +1,9 @@
-"""Keep Gradio's per-event bookkeeping that this app does not use off the streaming path.
+"""Everything that depends on Gradio's private behaviour, in one place, for the versions it was tested with.
 
-Found by the benchmark on an H200 host (README "Benchmark"), where Gradio's event loop, not the
+`check_version()` runs at start and refuses a Gradio outside TESTED (requirements*.txt pin the same
+range): each item below reads or replaces something Gradio does not promise to keep.
+
+1. Keep Gradio's per-event bookkeeping that this app does not use off the streaming path. Found by the benchmark on an H200 host (README "Benchmark"), where Gradio's event loop, not the
 engine, limited replies at 64 and more streams:
 
 - Per browser session Gradio keeps the configuration of every component on the page
@@ -10,29 +13,70 @@ engine, limited replies at 64 and more streams:
   input's on its first event. Only Gradio's deep links read them, and the app has none: here each
   is built when first read, with the latest value Gradio recorded for it, so a reader sees what
   Gradio would have built.
+  The stand-in (`LazyBlockConfigs`) behaves as the dict Gradio built for every dict operation.
 - After every finished event Gradio rebuilds a pandas summary of up to 10,000 past events for its
   optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
   /metrics and Monitor tab cover this).
 - With `status_update_rate="auto"` every event that starts sends a queue-position update to every
   event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here).
+
+2. The login cookie of Gradio's own login page (`access-token-{cookie_id}`), which the app's routes
+   (the WebSocket API, /metrics) accept as well as HTTP Basic credentials (chat/auth.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, ValuesView
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import gradio
 from gradio.components import State
 from gradio.state_holder import SessionState
+from starlette.requests import HTTPConnection
 
+TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
 
 
+class UntestedGradio(RuntimeError):
+    """The installed Gradio is outside the range this app was tested with."""
+
+
+def check_version(version: str = gradio.__version__) -> None:
+    """Refuse to run on a Gradio whose internals this module was not tested against."""
+    low, high = TESTED
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        found = (0, 0)
+    if not low <= found < high:
+        wanted = f"gradio>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise UntestedGradio(
+            f"This app was tested with Gradio {low[0]}.{low[1]}, and Gradio {version} is installed. "
+            f"Install a tested version with: pip install '{wanted}' (scripts/setup does)."
+        )
+
+
+def login_token(connection: HTTPConnection) -> str | None:
+    """The token of a login made on Gradio's login page, if this request carries one that is valid."""
+    app = connection.app
+    cookie_id = getattr(app, "cookie_id", None)
+    if cookie_id is None:
+        return None
+    token = connection.cookies.get(f"access-token-{cookie_id}") or connection.cookies.get(
+        f"access-token-unsecure-{cookie_id}"
+    )
+    return token if token is not None and token in getattr(app, "tokens", {}) else None
+
+
 class LazyBlockConfigs(dict):
-    """`SessionState.config_values`, built one block at a time when first read."""
+    """`SessionState.config_values`, built one block at a time when first read.
+
+    One configuration stays built while any is pending: C code that reads a dict directly (json's
+    encoder) takes a dict whose own storage is empty for `{}` without asking it for its items.
+    """
 
     def __init__(self, blocks_config: Any, block_ids: Iterable[int]) -> None:
         super().__init__()
@@ -40,6 +84,11 @@ class LazyBlockConfigs(dict):
         self._order = list(block_ids)
         self._pending: dict[int, Any] = dict.fromkeys(self._order)  # id -> block to build from (None: the current)
         self._values: dict[int, Any] = {}  # id -> the value Gradio last recorded for a block not built yet
+        self._keep_one_built()
+
+    def _keep_one_built(self) -> None:
+        if self._pending and not super().__len__():
+            self[next(iter(self._pending))]
 
     def __missing__(self, key: int) -> dict:
         if key not in self._pending:
@@ -64,6 +113,7 @@ class LazyBlockConfigs(dict):
         self._pending[key] = block
         if key not in self._order:
             self._order.append(key)
+        self._keep_one_built()
 
     def set_value(self, key: int, value: Any) -> None:
         """What `SessionState._update_value_in_config` does, without building the configuration."""
@@ -79,12 +129,71 @@ class LazyBlockConfigs(dict):
     def __contains__(self, key: object) -> bool:
         return key in self._pending or super().__contains__(key)
 
+    def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+        return self[key] if key in self else default  # noqa: SIM401 - dict.get skips __missing__
+
+    def setdefault(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
+        if key in self._pending:
+            self[key]  # build it: the value popped is what Gradio would have held
+        value = super().pop(key, *default)
+        self._keep_one_built()
+        return value
+
+    def popitem(self) -> tuple[int, Any]:
+        self._build_all()
+        return super().popitem()
+
+    def __delitem__(self, key: int) -> None:
+        if self._pending.pop(key, _UNSET) is _UNSET:
+            super().__delitem__(key)
+        self._values.pop(key, None)
+        self._keep_one_built()
+
+    def update(self, *others: Any, **more: Any) -> None:  # type: ignore[override]
+        for other in others:
+            pairs = other.items() if isinstance(other, Mapping) else other
+            for key, value in pairs:
+                self[key] = value
+        for key, value in more.items():
+            self[key] = value  # type: ignore[index]
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self._values.clear()
+        super().clear()
+
+    def copy(self) -> dict[int, Any]:  # type: ignore[override]
+        """A plain dict with every configuration built, as Gradio's own would be."""
+        self._build_all()
+        return dict(super().items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyBlockConfigs):
+            other._build_all()
+        self._build_all()
+        return dict(super().items()) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        self._build_all()
+        return super().__repr__()
+
     def _build_all(self) -> None:
         if self._pending:  # in the page's order, as Gradio builds them
             built = {key: self[key] for key in self._order if key in self}
             rest = {key: value for key, value in super().items() if key not in built}
-            self.clear()
-            self.update(built | rest)
+            super().clear()
+            for key, value in (built | rest).items():
+                super().__setitem__(key, value)
 
     def items(self) -> ItemsView:  # type: ignore[override]
         self._build_all()
@@ -143,7 +252,8 @@ _gradio_init = GRADIO_METHODS["__init__"]
 
 
 def install() -> None:
-    """Idempotent; called when the UI is built."""
+    """Check the version, then apply the patches; idempotent, called when the UI is built."""
+    check_version()
     for name, function in _PATCHES.items():
         setattr(SessionState, name, function)
 

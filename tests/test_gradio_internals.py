@@ -4,23 +4,25 @@ the app with it)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gradio.components import State, Textbox
 from gradio.state_holder import SessionState
 
-from chat.engine import EngineRegistry
 from chat.monitor import Monitor
 from chat.presets import load_presets
+from chat.registry import EngineRegistry
 from chat.service import ChatService
-from chat.ui import build_ui, gradio_overhead
+from chat.ui import build_ui, gradio_internals
 
 
 class GradioSession(SessionState):
     """Gradio's own behaviour, whatever install() did to SessionState."""
 
-    __init__ = gradio_overhead.GRADIO_METHODS["__init__"]
-    __setitem__ = gradio_overhead.GRADIO_METHODS["__setitem__"]
-    _update_value_in_config = gradio_overhead.GRADIO_METHODS["_update_value_in_config"]
+    __init__ = gradio_internals.GRADIO_METHODS["__init__"]
+    __setitem__ = gradio_internals.GRADIO_METHODS["__setitem__"]
+    _update_value_in_config = gradio_internals.GRADIO_METHODS["_update_value_in_config"]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +39,14 @@ def first(page, kind: type) -> int:
 
 def test_a_new_session_builds_no_configuration(page):
     state = SessionState(page)
-    assert isinstance(state.config_values, gradio_overhead.LazyBlockConfigs)
-    assert dict.__len__(state.config_values) == 0
-    some_block = next(iter(page.blocks))
+    assert isinstance(state.config_values, gradio_internals.LazyBlockConfigs)
+    assert dict.__len__(state.config_values) == 1, "one is kept built (json reads an empty dict as {})"
+    some_block = list(page.blocks)[-1]
     assert some_block in state.config_values
     assert len(state.config_values) == len(GradioSession(page).config_values)
-    assert dict.__len__(state.config_values) == 0, "neither a membership test nor len() builds anything"
+    assert dict.__len__(state.config_values) == 1, "neither a membership test nor len() builds anything"
     assert state.config_values[some_block]["id"] == some_block
-    assert dict.__len__(state.config_values) == 1
+    assert dict.__len__(state.config_values) == 2
 
 
 def test_configurations_match_gradios_in_the_same_order(page):
@@ -65,7 +67,7 @@ def test_an_event_builds_nothing_and_leaves_what_gradio_would(page):
         session._update_value_in_config(textbox, "typed by a visitor")
         session[state_block] = ["kept", "between", "events"]
         session._update_value_in_config(textbox, "typed again")
-    assert dict.__len__(ours.config_values) == 0, "an event builds no configuration"
+    assert dict.__len__(ours.config_values) == 1, "an event builds no configuration"
     assert ours[state_block] == theirs[state_block] == ["kept", "between", "events"]
     assert ours.config_values[textbox]["props"]["value"] == "typed again"
     assert list(ours.components) == list(theirs.components)
@@ -94,3 +96,36 @@ def test_the_queue_keeps_its_bookkeeping_down(page):
     finished = [{"function": "chat", "status": "success", "process_time": 0.1, "time": 0.0}] * 3
     queue.events_recorded += 3
     assert queue.compute_analytics_summary(finished) == {"functions": {}}, "no pandas summary after each event"
+
+
+def test_the_stand_in_behaves_as_gradios_dict_for_every_dict_operation(page):
+    textbox = first(page, Textbox)
+    theirs = GradioSession(page).config_values
+    assert SessionState(page).config_values.get(textbox) == theirs[textbox]
+    assert SessionState(page).config_values.get(-1, "absent") == "absent"
+    assert SessionState(page).config_values.copy() == theirs and type(SessionState(page).config_values.copy()) is dict
+    assert SessionState(page).config_values == theirs
+    assert (SessionState(page).config_values != theirs) is False
+    assert SessionState(page).config_values == SessionState(page).config_values
+    assert json.dumps(SessionState(page).config_values, default=str) == json.dumps(theirs, default=str)
+    assert dict(SessionState(page).config_values) == theirs
+    assert repr(SessionState(page).config_values) == repr(theirs)
+    ours = SessionState(page).config_values
+    assert ours.pop(textbox) == theirs[textbox] and textbox not in ours
+    assert len(ours) == len(theirs) - 1 and ours != theirs
+    ours.update({textbox: theirs[textbox]})
+    assert ours == theirs
+    del ours[textbox]
+    assert ours.setdefault(textbox, "x") == "x"
+
+
+@pytest.mark.parametrize(("version", "accepted"), [("6.31.0", True), ("6.31.7", True), ("6.30.2", False),
+                                                   ("6.32.0", False), ("7.0.0", False), ("dev", False)])
+def test_an_untested_gradio_is_refused_with_what_to_install(version, accepted):
+    if accepted:
+        gradio_internals.check_version(version)
+        return
+    with pytest.raises(gradio_internals.UntestedGradio) as caught:
+        gradio_internals.check_version(version)
+    assert f"Gradio {version} is installed" in str(caught.value)
+    assert "pip install 'gradio>=6.31,<6.32'" in str(caught.value)

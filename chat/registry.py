@@ -1,0 +1,208 @@
+"""The engines of this process: one per distinct (model, engine arguments), within a memory budget.
+
+The `EngineRegistry` starts each engine at most once however many sessions ask at the same moment,
+keeps the loaded ones within a memory budget by unloading (or, on CUDA, putting to sleep) the least
+recently used idle engine, never unloads an engine under streams in flight unless asked to, backs
+off after failed starts, and restarts an engine whose process died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+
+from chat import metrics
+from chat.engine import RESTARTING, Engine, EngineState
+from chat.errors import ChatError, EngineBusy
+from chat.presets import Preset
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAYS_S = (5.0, 15.0, 60.0, 300.0)  # after a failed start, back off before trying again
+RESTART_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 300.0)  # after consecutive crashes, wait this long to restart
+HEALTHY_UPTIME_S = 300.0  # an engine that ran this long before dying starts its back-off afresh
+
+
+class EngineRegistry:
+    """The engines of this process, keyed by configuration, within one memory budget."""
+
+    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
+        self._engines: dict[str, Engine] = {}
+        self.memory_budget = memory_budget  # None: no limit
+        self.max_waiting = max_waiting
+
+    def __iter__(self) -> Iterator[Engine]:
+        return iter(list(self._engines.values()))
+
+    def peek(self, preset: Preset) -> Engine | None:
+        return self._engines.get(preset.engine_key)
+
+    def start(self, preset: Preset) -> Engine:
+        """Begin loading the preset's engine if it is not loaded or loading; never blocks."""
+        engine = self._engines.get(preset.engine_key)
+        now = time.monotonic()
+        if engine is not None and engine.state is EngineState.FAILED and now >= engine.retry_at:
+            engine = None  # back-off over: try again
+        if engine is not None and engine.state is not EngineState.CLOSED:
+            return engine
+        failures = 0 if engine is None else engine.failures
+        return self._launch(Engine(preset=preset, failures=failures))
+
+    def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
+        engine.on_death = self.restart
+        engine.max_waiting = self.max_waiting
+        self._engines[engine.key] = engine
+        engine.task = asyncio.get_running_loop().create_task(
+            self._run_start(engine, replacing), name=f"start {engine.preset.name}"
+        )
+        return engine
+
+    def restart(self, dead: Engine) -> Engine:
+        """Replace an engine whose process died; requests meanwhile wait for the new one."""
+        current = self._engines.get(dead.key)
+        if current is not dead:
+            return current or self.start(dead.preset)  # already being replaced
+        dead.state, dead.error = EngineState.FAILED, RESTARTING
+        healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
+        crashes = 1 if healthy else dead.failures + 1
+        delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
+        log.error("The engine for %r died; restarting it in %.0f s (crash %d in a row)", dead.preset.name, delay, crashes)
+        metrics.ENGINE_RESTARTS.labels(dead.preset.name).inc()
+        return self._launch(Engine(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
+
+    async def watch(self, every_s: float = 2.0) -> None:
+        """Notice engines whose process died while idle (a stream notices at once by itself)."""
+        while True:
+            await asyncio.sleep(every_s)
+            for engine in list(self._engines.values()):
+                if engine.died:
+                    self.restart(engine)
+
+    async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncIterator[str]:
+        """Yield a status line every `every_s` while the preset's engine starts or wakes; return once
+        it is ready. Raises EngineError (EngineBusy when there is no room for it now)."""
+        engine = self.start(preset)
+        if engine.state is EngineState.SLEEPING:
+            self._wake(engine)
+        while engine.state is EngineState.STARTING:
+            yield engine.status()
+            try:
+                await asyncio.wait_for(engine.wait_ready(), timeout=every_s)
+            except TimeoutError:
+                continue
+        await engine.wait_ready()
+
+    async def get(self, preset: Preset) -> Engine:
+        """The preset's engine, ready; starts it (once) if needed, or wakes it if asleep."""
+        async for _ in self.wait_until_ready(preset):
+            pass
+        engine = self.start(preset)
+        engine.last_used = time.monotonic()
+        return engine
+
+    def _wake(self, engine: Engine) -> None:
+        if engine.task is not None and not engine.task.done():
+            return  # another session is already waking it
+        engine.state, engine.phase = EngineState.STARTING, "waking up"
+        engine.task = asyncio.get_running_loop().create_task(self._run_wake(engine))
+
+    async def _run_wake(self, engine: Engine) -> None:
+        engine.refusal = None
+        try:
+            await self.make_room(engine)
+            await engine.wake_up()
+        except EngineBusy as exc:
+            engine.state, engine.refusal = EngineState.SLEEPING, exc
+        except Exception as exc:
+            log.exception("Waking the engine for %r failed", engine.preset.name)
+            self._mark_failed(engine, f"The engine for {engine.preset.name} could not wake up ({exc}).")
+
+    async def _run_start(self, engine: Engine, replacing: Engine | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        make_room = functools.partial(self._make_room_threadsafe, loop)
+        try:
+            if replacing is not None:
+                engine.phase = "cleaning up after the crash"
+                try:
+                    await asyncio.to_thread(replacing.shutdown)
+                except Exception:
+                    log.warning("Shutting down the dead engine for %r failed", replacing.preset.name, exc_info=True)
+            if engine.start_delay_s:
+                engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
+                await asyncio.sleep(engine.start_delay_s)
+            await asyncio.to_thread(engine.build, make_room)
+        except EngineBusy as exc:
+            engine.refusal, engine.state = exc, EngineState.CLOSED
+            if self._engines.get(engine.key) is engine:
+                del self._engines[engine.key]
+        except ChatError as exc:
+            self._mark_failed(engine, exc.message)
+        except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log
+            log.exception("The engine for preset %r failed to start", engine.preset.name)
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line[:300]}).")
+        else:
+            engine.state = EngineState.READY
+            engine.ready_at = time.monotonic()
+            log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
+
+    def _mark_failed(self, engine: Engine, message: str) -> None:
+        engine.state = EngineState.FAILED
+        engine.failures += 1
+        delay = RETRY_DELAYS_S[min(engine.failures, len(RETRY_DELAYS_S)) - 1]
+        engine.retry_at = time.monotonic() + delay
+        engine.error = message
+        log.warning("%s (retrying on the next request after %.0f s)", message, delay)
+
+    def _make_room_threadsafe(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+        asyncio.run_coroutine_threadsafe(self.make_room(engine), loop).result()
+
+    async def make_room(self, incoming: Engine) -> None:
+        """Unload least recently used idle engines until `incoming` fits the budget."""
+        if self.memory_budget is None:
+            return
+
+        def held() -> float:
+            return sum(
+                e.memory_need
+                for e in self._engines.values()
+                if e is not incoming and e.state in (EngineState.READY, EngineState.STARTING)
+            )
+
+        while held() + incoming.memory_need > self.memory_budget:
+            idle = [
+                e
+                for e in self._engines.values()
+                if e is not incoming and e.state is EngineState.READY and not e.streams
+            ]
+            if not idle:
+                raise EngineBusy(
+                    f"{incoming.preset.name} cannot be loaded while the other loaded models are in use; "
+                    "try again in a minute or pick a preset that is already loaded."
+                )
+            victim = min(idle, key=lambda e: e.last_used)
+            if victim.can_sleep and victim.llm is not None:
+                log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
+                await victim.sleep()
+            else:
+                log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
+                await self.unload(victim)
+
+    async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
+        """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
+        await engine.abort_streams(reason)
+        await asyncio.to_thread(engine.shutdown)
+        if self._engines.get(engine.key) is engine:
+            del self._engines[engine.key]
+
+    async def close_all(self) -> None:
+        for engine in list(self._engines.values()):
+            if engine.task is not None and not engine.task.done():
+                continue  # still in its worker thread; the process exit ends its child processes
+            await self.unload(engine, "The demo is shutting down.")
+
+    def loaded(self) -> list[Engine]:
+        return [e for e in self._engines.values() if e.state is EngineState.READY]

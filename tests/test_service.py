@@ -1,0 +1,156 @@
+"""The one reply pipeline (`ChatService.reply`) on the real engine: events, Stop, refusals, policy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import pytest
+
+from chat.errors import InputError, PresetError, SettingsError, Stopped
+from chat.pacing import RedrawPacer
+from chat.presets import load_presets
+from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting, Writing
+from chat.stats import Finish
+from tests.test_stream import engine_idle
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def service(registry, default_preset):
+    return ChatService(load_presets(), registry, default_preset.name)
+
+
+async def events_of(service, request):
+    return [event async for event in service.reply(request)]
+
+
+def ask(message="Say yes.", **fields):
+    fields.setdefault("sampling", {"temperature": 0.0, "seed": 1, "max_tokens": 8})
+    return ReplyRequest(message, **fields)
+
+
+async def test_a_reply_is_writing_events_then_one_finished_with_stats(service, engine):
+    events = await events_of(service, ask("Count from one to twenty.", sampling={"max_tokens": 12, "temperature": 0.0}))
+    assert isinstance(events[-1], Finished)
+    assert all(isinstance(e, Waiting | Writing) for e in events[:-1])
+    writing = [e for e in events if isinstance(e, Writing)]
+    assert writing and writing[0].reply is events[-1].reply
+    reply = events[-1].reply
+    assert reply.stats.finish is Finish.MAX_TOKENS and reply.stats.generated_tokens == 12
+    assert reply.text.strip() and writing[-1].line().startswith(("Writing…", "Reading"))
+    assert await engine_idle(engine)
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "error", "sentence"),
+    [
+        ({"message": "   "}, InputError, "Type a message first."),
+        ({"preset": "No such preset"}, PresetError, "No such preset"),
+        ({"sampling": {"temperature": 9}}, SettingsError, "Temperature must be a number from 0 to 2; it was 9."),
+        ({"system_prompt": "s" * 100_001}, InputError, "The system prompt is 100,001 characters"),
+        ({"history": [{"role": "user", "content": "h" * 100_001}, {"role": "assistant", "content": "Yes."}]},
+         InputError, "A message in this conversation is 100,001"),
+    ],
+)
+async def test_what_a_person_can_get_wrong_ends_in_one_failed_event_with_the_sentence(service, request_fields, error, sentence):
+    message = request_fields.pop("message", "Hello.")
+    events = await events_of(service, ReplyRequest(message, **request_fields))
+    assert len(events) == 1 and isinstance(events[0], Failed)
+    assert isinstance(events[0].error, error) and sentence in events[0].error.message
+    assert events[0].reply is None
+
+
+async def test_stop_as_soon_as_the_reply_is_on_its_way_ends_it_as_stopped(service, engine):
+    running = asyncio.create_task(events_of(service, ask("Tell me a long story.", stop_key="chat:early",
+                                                         sampling={"max_tokens": 300})))
+    while not service.stop("chat:early"):  # noqa: ASYNC110 - true once the pipeline holds the reply
+        await asyncio.sleep(0)
+    last = (await running)[-1]
+    if isinstance(last, Failed):  # stopped before the engine took it
+        assert isinstance(last.error, Stopped) and last.error.message == "Stopped by you before the reply started."
+    else:
+        assert last.reply.stats.finish is Finish.STOPPED_BY_USER and last.reply.stats.generated_tokens < 300
+    assert not service.stop("chat:early")  # released at the end
+    assert await engine_idle(engine)
+
+
+async def test_stop_while_writing_keeps_the_text_and_stats_and_frees_the_engine(service, engine):
+    request = ask("Tell me a very long story about dragons.", stop_key="chat:mid",
+                  sampling={"max_tokens": 400, "temperature": 0.7})
+    events = []
+    async for event in service.reply(request):
+        events.append(event)
+        if isinstance(event, Writing) and event.reply.progress.tokens >= 3:
+            assert service.stop("chat:mid")
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reply.stats.finish is Finish.STOPPED_BY_USER
+    assert 3 <= finished.reply.stats.generated_tokens < 400 and finished.reply.text
+    assert await engine_idle(engine)
+
+
+async def test_one_stop_key_stops_all_its_replies_and_no_other(service, engine):
+    def long(key):
+        return ask("Write a long poem about the sea.", stop_key=key, sampling={"max_tokens": 300, "temperature": 0.7})
+
+    async def run(request, stop_when_writing=False):
+        events = []
+        async for event in service.reply(request):
+            events.append(event)
+            if stop_when_writing and isinstance(event, Writing) and event.reply.progress.tokens >= 2:
+                service.stop("compare:s1")
+        return events[-1]
+
+    ends = await asyncio.gather(run(long("compare:s1"), stop_when_writing=True), run(long("compare:s1")),
+                                run(ask("Say yes.", stop_key="chat:s1")))
+    assert [e.reply.stats.finish for e in ends[:2]] == [Finish.STOPPED_BY_USER] * 2
+    assert ends[2].reply.stats.finish in (Finish.FINISHED, Finish.MAX_TOKENS)
+    assert await engine_idle(engine)
+
+
+async def test_closing_the_events_like_a_closed_tab_aborts_the_reply(service, engine):
+    request = ask("Tell me a very long story about ships.", sampling={"max_tokens": 400, "temperature": 0.7})
+    async with contextlib.aclosing(service.reply(request)) as events:
+        async for event in events:
+            if isinstance(event, Writing):
+                reply = event.reply
+                break
+    assert reply.stats.finish is Finish.DISCONNECTED
+    assert await engine_idle(engine)
+
+
+async def test_the_system_prompt_policy_is_the_presets_unless_one_is_given(service, engine, default_preset):
+    async def first_message(**fields):
+        events = await events_of(service, ask(**fields))
+        return events[-1].reply.messages[0]
+
+    assert await first_message() == {"role": "system", "content": default_preset.system_prompt}
+    assert await first_message(system_prompt="Answer in French.") == {"role": "system", "content": "Answer in French."}
+    assert (await first_message(system_prompt=""))["role"] == "user"
+
+
+async def test_an_unexpected_error_is_logged_and_told_in_a_generic_sentence(service, caplog, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("chat.service.to_model_messages", broken)
+    with caplog.at_level(logging.ERROR, logger="chat.service"):
+        events = await events_of(service, ask())
+    assert isinstance(events[-1], Failed)
+    assert events[-1].error.message == "Something went wrong on the server while writing this reply; please try again."
+    assert "a bug" in caplog.text
+
+
+@pytest.mark.unit
+def test_the_redraw_interval_stretches_with_the_number_of_replies_streaming():
+    pacer = RedrawPacer(floor_s=0.04, max_per_s=100)
+    assert pacer.interval() == 0.04
+    for _ in range(50):
+        pacer.started()
+    assert pacer.interval() == pytest.approx(0.5)  # 50 replies share 100 redraws a second
+    for _ in range(60):
+        pacer.ended()
+    assert pacer.streaming == 0 and pacer.interval() == 0.04
+    assert RedrawPacer(floor_s=0.04, max_per_s=0).interval() == 0.04  # no budget

@@ -1,15 +1,18 @@
 """The last minutes of engine load, sampled every few seconds for the Monitor view.
 
 One sampler per process (started with the server) reads each loaded engine's scheduler view and
-the app's recent first-token times; the UI only draws what it holds.
+the app's recent first-token times. `Monitor.charts()` shapes them into what a person reads (axis
+titles in words, values rounded, a time axis that spans the whole window); the UI only draws it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from chat import metrics
@@ -27,6 +30,99 @@ class Sample:
     kv_cache_percent: float
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the Monitor view: which sample field it draws and how a person reads it."""
+
+    field: str  # the Sample attribute drawn
+    title: str
+    y_title: str  # what the axis counts, with its unit
+    digits: int  # decimals shown: whole milliseconds, tokens per second to one decimal
+    floor: float  # the axis reaches at least this high, so a small value looks small
+    top: float | None = None  # a fixed top (a percentage: 100)
+    counts: bool = False  # whole numbers only on the axis
+    empty: str = "Nothing to draw in this window."
+
+    def rounded(self, value: float) -> float | int:
+        return round(value) if self.digits == 0 else round(value, self.digits)
+
+    def y_top(self, values: Iterable[float]) -> float:
+        """The top of the axis: fixed, or a round number above the highest value."""
+        if self.top is not None:
+            return self.top
+        return _round_up(max([self.floor, *values]))
+
+
+TTFT_EMPTY = "No reply started in the last minute."
+CHARTS: tuple[Chart, ...] = (
+    Chart("tokens_per_s", "Tokens written per second", "Tokens per second", 1, 10),
+    Chart("running", "Replies being written", "Replies", 0, 5, counts=True),
+    Chart("waiting", "Replies waiting for a free slot", "Replies", 0, 5, counts=True),
+    Chart("kv_cache_percent", "Memory for replies in use (KV cache)", "Percent used", 1, 100, top=100),
+    Chart("ttft_p50_ms", "Time to first token, median of the last minute", "Milliseconds", 0, 100, empty=TTFT_EMPTY),
+    Chart("ttft_p95_ms", "Time to first token, slowest 5% of the last minute", "Milliseconds", 0, 100, empty=TTFT_EMPTY),
+)
+
+
+@dataclass(frozen=True)
+class ChartData:
+    """What one chart draws: (time, preset, value) points and the limits of both axes."""
+
+    chart: Chart
+    points: list[tuple[float, str, float | int]]  # wall-clock seconds, preset name, rounded value
+    x_lim: tuple[float, float]  # wall-clock seconds
+    y_lim: tuple[float, float]
+
+    @property
+    def note(self) -> str | None:
+        """A sentence under the chart when its lines cannot show yet (a line needs two points)."""
+        if not self.points:
+            return self.chart.empty
+        per_preset = Counter(preset for _, preset, _ in self.points)
+        if max(per_preset.values()) < 2:
+            return "One sample so far: the line appears with the next one, in a few seconds."
+        return None
+
+
+def _round_up(value: float) -> float:
+    """The next 1, 2, 2.5 or 5 times a power of ten at or above `value` (for an axis top)."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in (1, 2, 2.5, 5, 10) if step * scale >= value - 1e-9)
+
+
+def time_axis(now: float, window_s: float) -> tuple[float, float]:
+    """From the whole minute `window_s` before the current minute to the end of the current one.
+
+    A fixed span keeps the axis readable with one point or none, and moving it once a minute
+    (not on every refresh) lets the browser keep the chart instead of redrawing it.
+    """
+    end = (math.floor(now / 60) + 1) * 60
+    return end - 60 * math.ceil(window_s / 60) - 60, end
+
+
+def chart_data(samples: Iterable[Sample], chart: Chart, now: float, window_s: float) -> ChartData:
+    points = [
+        (s.at, s.preset, chart.rounded(value))
+        for s in samples
+        if (value := getattr(s, chart.field)) is not None and s.at >= now - window_s
+    ]
+    return ChartData(chart, points, time_axis(now, window_s), (0.0, chart.y_top(v for _, _, v in points)))
+
+
+def is_quiet(samples: Iterable[Sample]) -> bool:
+    """True when no reply was written or waiting in these samples: nothing worth a chart."""
+    return not any(s.running or s.waiting or s.tokens_per_s > 0 or s.ttft_p50_ms is not None for s in samples)
+
+
+def window_words(window_s: float) -> str:
+    minutes = window_s / 60
+    if minutes >= 1 and minutes == int(minutes):
+        return "minute" if minutes == 1 else f"{int(minutes)} minutes"
+    return f"{window_s:g} seconds"
 
 
 class Monitor:
@@ -69,3 +165,15 @@ class Monitor:
     def recent(self) -> list[Sample]:
         cutoff = time.time() - self.window_s
         return [s for s in self.samples if s.at >= cutoff]
+
+    @property
+    def quiet_message(self) -> str:
+        return f"No replies in the last {window_words(self.window_s)}: send a message on the Chat tab to see the load here."
+
+    def charts(self, now: float | None = None) -> list[ChartData] | None:
+        """Every chart of the window ending `now`, or None when there was no reply to draw."""
+        now = time.time() if now is None else now
+        samples = [s for s in self.samples if now - self.window_s <= s.at <= now]
+        if is_quiet(samples):
+            return None
+        return [chart_data(samples, chart, now, self.window_s) for chart in CHARTS]

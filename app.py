@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-from chat import settings
+from chat import logs, settings
 from chat.presets import PresetCatalog, load_presets
 
 log = logging.getLogger("chat")
@@ -49,6 +49,7 @@ def _end_children() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = settings.parse(argv)
+    logs.configure(verbose=args.verbose)  # before anything imports vLLM (loading presets does)
     catalog = load_presets(args.presets_dir)
     if args.list_presets:
         print_presets(catalog)
@@ -59,7 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(catalog.presets)} valid, {len(catalog.problems)} invalid preset file(s).")
         return 1 if catalog.problems else 0
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for problem in catalog.problems.values():
         log.warning("Preset unavailable: %s", problem)
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
@@ -105,9 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
-        registry.start(default)  # in the background; the page is usable while it loads
+        first = registry.start(default)  # in the background; the page is usable while it loads
         loop = asyncio.get_running_loop()
-        background = [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
+        background = [loop.create_task(registry.watch()), loop.create_task(monitor.run()),
+                      loop.create_task(logs.say_when_ready(first, lambda: demo.local_url, lambda: demo.share_url))]
         yield
         for task in background:
             task.cancel()

@@ -63,6 +63,9 @@ SETTINGS: tuple[Setting, ...] = (
             float),
     Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
             "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
+    Setting("verbose", ("CHAT_VERBOSE",), False,
+            "Also print vLLM's own progress lines (about a hundred at each engine start); by default the console "
+            "shows its warnings and errors only.", bool),
     Setting("list_presets", (), False, "Print the presets and exit.", bool),
     Setting("check_presets", (), False,
             "Validate every preset file, print each problem, exit non-zero when any is invalid.", bool),

@@ -1,0 +1,102 @@
+"""The console: a few lines to read while the engine starts, then the address to open."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chat import logs
+from tests.conftest import ROOT
+
+VLLM_INFO = re.compile(r"\) INFO \d\d-\d\d |\bINFO vllm\b")  # vLLM's own format, or vLLM through the app's
+
+
+def record(message: str, level: int = logging.WARNING, *args: object) -> logging.LogRecord:
+    return logging.LogRecord("vllm.loader", level, "loader.py", 1, message, args, None)
+
+
+def test_a_warning_repeated_for_every_weight_is_shown_once_and_errors_always():
+    once = logs.OncePerMessage()
+    template = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+    assert once.filter(record(template, logging.WARNING, "a", "f16", "bf16"))
+    assert not once.filter(record(template, logging.WARNING, "b", "f16", "bf16"))
+    assert once.filter(record("Another warning"))
+    assert once.filter(record("Engine died", logging.ERROR)) and once.filter(record("Engine died", logging.ERROR))
+
+
+@pytest.fixture
+def restore_loggers():
+    levels = {name: logging.getLogger(name).level for name in (*logs.CHATTY, "vllm")}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_by_default_vllm_shows_warnings_once_and_keeps_what_the_user_set(monkeypatch):
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING"):
+        monkeypatch.delenv(name, raising=False)
+    logs.configure(verbose=False)
+    assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["VLLM_LOGGING_CONFIG_PATH"]) == ("WARNING", str(logs.VLLM_CONFIG))
+    assert logging.getLogger("httpx").level == logging.WARNING
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "0")  # a config file would then stop vLLM from starting
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH")
+    logs.configure(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG" and "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+
+
+@pytest.mark.usefixtures("restore_loggers")
+def test_verbose_leaves_vllm_as_it_is(monkeypatch):
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    logs.configure(verbose=True)
+    assert "VLLM_LOGGING_LEVEL" not in os.environ and "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+    assert logging.getLogger("httpx").level == logging.INFO
+
+
+def test_the_ready_line_is_one_sentence_with_the_address():
+    assert logs.ready_line("Tiny", "http://127.0.0.1:7860/") == "==> Tiny is ready: open http://127.0.0.1:7860/ in your browser."
+    assert logs.ready_line("Tiny", "http://a/", "https://b.gradio.live") == (
+        "==> Tiny is ready: open http://a/ (or https://b.gradio.live from anywhere) in your browser."
+    )
+
+
+@pytest.mark.app
+def test_verbose_brings_vllms_info_lines_back():
+    def vllm_info_lines(*flags: str) -> list[str]:
+        result = subprocess.run([sys.executable, "app.py", "--check-presets", *flags], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return [line for line in (result.stdout + result.stderr).splitlines() if VLLM_INFO.search(line)]
+
+    assert vllm_info_lines() == []
+    assert vllm_info_lines("--verbose")
+
+
+def test_the_console_ends_the_engine_start_with_the_address_to_open(app_server):
+    """The shared app's own console, from its start: the address comes again once the engine is ready."""
+    ready = re.compile(r"^==> .+ is ready: open (\S+) in your browser\.$")
+    deadline = time.monotonic() + 240
+    while True:
+        lines = app_server.log_path.read_text(errors="replace").splitlines()
+        announced = [i for i, line in enumerate(lines) if ready.match(line)]
+        if announced or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert announced, "no ready line within 240 s:\n" + app_server.log_tail()
+    start = lines[: announced[0] + 1]
+    assert ready.match(start[-1]).group(1) == app_server.url
+    engine_ready = [i for i, line in enumerate(start) if re.search(r"Engine for .+ ready in [\d.]+ s", line)]
+    assert engine_ready and engine_ready[0] < announced[0], "the address comes after the engine is ready"
+    assert any("Running on local URL" in line for line in start[: engine_ready[0]]), "and the first address before it"
+    assert [line for line in start if VLLM_INFO.search(line)] == [], "vLLM's INFO lines stay off the console"
+    assert sum("Attempted to load weight" in line for line in start) <= 1, "a warning repeated per weight shows once"
+    assert len(start) < 60, "\n".join(start)

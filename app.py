@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
     from chat.service import ChatService
-    from chat.ui import build_ui
+    from chat.ui import CSS, build_ui
     from chat.ui.gradio_internals import UntestedGradio
     from chat.web import routes
 
@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     atexit.register(_end_children)
     demo.launch(
+        css=CSS,
         server_name=args.host,
         server_port=args.port,
         share=args.share,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Iterable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from chat import metrics
 from chat.engine import EngineState
 from chat.registry import EngineRegistry
+from chat.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,8 @@ class Monitor:
                     running=load.running,
                     waiting=load.waiting,
                     kv_cache_percent=100 * load.kv_cache_usage,
-                    ttft_p50_ms=1000 * statistics.median(ttfts) if ttfts else None,
-                    ttft_p95_ms=1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
+                    ttft_p50_ms=_ms(percentile(ttfts, 50)),
+                    ttft_p95_ms=_ms(percentile(ttfts, 95)),
                 )
             )
 
@@ -177,3 +177,7 @@ class Monitor:
         if is_quiet(samples):
             return None
         return [chart_data(samples, chart, now, self.window_s) for chart in CHARTS]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds

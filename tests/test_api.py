@@ -329,3 +329,26 @@ def test_the_fallback_reads_a_timed_out_reply_and_raises_a_refusal():
     with pytest.raises(ChatApiError) as caught:
         stream.take(refused)
     assert caught.value.message == "Type a message first."
+
+
+def test_the_server_upgrades_a_connection_to_a_websocket(app_server):
+    """With no WebSocket library installed uvicorn answers the upgrade with 404: the API would be gone."""
+    import base64
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    host, port = urlsplit(app_server.url).hostname, urlsplit(app_server.url).port
+    key = base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall((f"GET /chat HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        status_line = conn.recv(4096).split(b"\r\n", 1)[0].decode()
+    assert status_line.startswith("HTTP/1.1 101"), status_line
+
+
+@pytest.mark.unit
+def test_the_requirements_install_what_the_websocket_route_needs():
+    for name in ("requirements.txt", "requirements-cpu.txt"):
+        lines = (ROOT / name).read_text().splitlines()
+        assert any(line.split(">")[0].split("=")[0].strip() in ("websockets", "wsproto") for line in lines), name

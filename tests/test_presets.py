@@ -234,14 +234,3 @@ def test_a_file_that_is_not_text_is_refused(tmp_path):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe\x00\x01garbage")
     assert error_of(path).startswith("binary.yaml: cannot read the file")
-
-
-def test_the_card_says_what_a_preset_is_and_needs(default_preset):
-    from chat.ui.messages import preset_card
-
-    card = preset_card(default_preset)
-    assert default_preset.description in card and "runs on a CPU" in card
-    assert "`max_num_seqs: 64`" in card  # engine arguments that differ from vLLM's defaults
-    assert "Tags: cpu, tiny, default" in card
-    gpu = load_presets().get("qwen2.5-7b-chat")
-    assert "needs 2 GPU(s)" in preset_card(gpu) and "tensor_parallel_size: 2" in preset_card(gpu)

@@ -1,4 +1,8 @@
-"""The browser UI (the only package that imports Gradio): Chat, Compare and Monitor tabs."""
+"""The browser UI (the only package that imports Gradio): Chat, Compare and Monitor tabs.
+
+`CSS` goes to `demo.launch(css=...)`: the layout on phones and the Stop button's visibility are
+the browser's business (no server round trip).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,35 @@ import gradio as gr
 from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui import gradio_internals
-from chat.ui.chat_tab import chat_tab, settings_sidebar
+from chat.ui.chat_tab import chat_tab
 from chat.ui.compare_tab import compare_tab
 from chat.ui.monitor_tab import monitor_tab
 from chat.ui.reply_api import reply_api
+
+CSS = """
+/* The chat's settings sit to its right on a wide screen (they come first in the page so that the
+   chat finds its inputs already made). */
+#chat-layout { flex-wrap: nowrap; }
+#chat-main { order: 1; }
+#chat-settings { order: 2; }
+#settings-open, #settings-header { display: none; }
+/* On a phone the chat fills the screen; Settings opens the panel over it and Done closes it. */
+@media (max-width: 700px) {
+  #chat-layout { flex-wrap: wrap; }
+  #chat-settings { display: none; }
+  #chat-settings.open { display: flex; position: fixed; inset: 0; z-index: 1000; overflow-y: auto;
+                        padding: 12px; background: var(--background-fill-primary); }
+  #settings-open, #chat-settings.open #settings-header { display: flex; }
+  #chat-header { flex-wrap: nowrap; align-items: flex-start; }
+}
+/* Stop only while a reply is on its way: the message box is disabled, or a line beneath a reply
+   is still busy (waiting for the engine, writing). */
+#stop, #compare-stop { display: none; }
+.gradio-container:has(#message textarea:disabled) #stop,
+.gradio-container:has(#chatbot [aria-busy="true"]) #stop,
+.gradio-container:has([id^="compare-chat-"] [aria-busy="true"]) #compare-stop { display: inline-flex; }
+#chat-actions { align-items: center; }
+"""
 
 
 def build_ui(
@@ -18,10 +47,9 @@ def build_ui(
 ) -> gr.Blocks:
     gradio_internals.install()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
-        settings = settings_sidebar(service)  # first, so the chat finds its inputs already rendered
         with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat"):
-                chat_tab(service, settings, concurrency_limit=concurrency_limit)
+                chat_tab(service, concurrency_limit=concurrency_limit)
             with gr.Tab("Compare", id="compare"):
                 compare_tab(service, demo, tabs)
             with gr.Tab("Monitor", id="monitor"):

@@ -17,7 +17,8 @@ from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
-from chat.ui.messages import conversation_file, event_messages, preset_card
+from chat.ui.messages import conversation_file, event_messages
+from chat.ui.preset_card import preset_card
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,17 @@ class Settings:
         return [self.preset, self.system_prompt, *self.knobs]
 
 
-def settings_sidebar(service: ChatService) -> Settings:
-    """Preset, its card, the system prompt and the sampling settings, on the right."""
+def settings_panel(service: ChatService) -> Settings:
+    """Preset, its card, the system prompt and the sampling settings: beside the chat on a wide
+    screen; on a phone, a panel that the Settings button opens over the chat and Done closes."""
     default = service.preset(None)
     unavailable = service.unavailable()
-    with gr.Sidebar(position="right", width=340, open=True, label="Settings"):
+    with gr.Column(scale=1, min_width=300, elem_id="chat-settings"):
+        with gr.Row(elem_id="settings-header"):
+            gr.Markdown("### Settings")
+            gr.Button("Done", size="sm", scale=0, min_width=80, elem_id="settings-done").click(
+                None, js=TOGGLE_SETTINGS, queue=False, api_visibility="private"
+            )
         preset = PlainDropdown(
             choices=service.preset_names(), value=default.name, label="Preset", elem_id="preset",
             info="A model with its engine and sampling settings.",
@@ -59,7 +66,7 @@ def settings_sidebar(service: ChatService) -> Settings:
         card = gr.Markdown(preset_card(default), elem_id="preset-card")
         if unavailable:
             with gr.Accordion(f"Unavailable here ({len(unavailable)})", open=False):
-                gr.Markdown("\n".join(f"- {html.escape(reason)}" for reason in unavailable.values()))
+                gr.Markdown("\n".join(f"- {html.escape(reason)}".replace("\n", "<br>") for reason in unavailable.values()))
         system_prompt = gr.Textbox(
             value=default.system_prompt, label="System prompt", lines=2, elem_id="system-prompt",
             info="Instructions the model reads before the conversation.",
@@ -69,8 +76,18 @@ def settings_sidebar(service: ChatService) -> Settings:
     return Settings(preset, card, system_prompt, knobs)
 
 
-def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int | None) -> None:
-    """The chat itself, with Stop and the engine's load beneath it."""
+TOGGLE_SETTINGS = "() => document.querySelector('#chat-settings').classList.toggle('open')"
+
+
+def chat_tab(service: ChatService, *, concurrency_limit: int | None) -> None:
+    """The chat with its settings; Stop, the engine's load and Save beneath the chat."""
+    with gr.Row(equal_height=False, elem_id="chat-layout"):
+        settings = settings_panel(service)  # first, so the chat finds its inputs rendered (CSS puts it right)
+        with gr.Column(scale=3, min_width=300, elem_id="chat-main"):
+            chat_column(service, settings, concurrency_limit=concurrency_limit)
+
+
+def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: int | None) -> None:
     default = service.preset(None)
     assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
     async def respond(
@@ -117,7 +134,11 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
     async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
         service.stop(stop_key(request))
 
-    title = gr.Markdown(title_of(default), elem_id="title")
+    with gr.Row(elem_id="chat-header"):
+        title = gr.Markdown(title_of(default), elem_id="title")
+        gr.Button("⚙ Settings", size="sm", scale=0, min_width=110, elem_id="settings-open").click(
+            None, js=TOGGLE_SETTINGS, queue=False, api_visibility="private"
+        )
     chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False)
     gr.ChatInterface(
         fn=respond,
@@ -135,10 +156,10 @@ def chat_tab(service: ChatService, settings: Settings, *, concurrency_limit: int
         api_name="chat",
         validator=lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first."),
     )
-    with gr.Row():
-        stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=120)
-        status = gr.Markdown("Engine: starting…", elem_id="engine-status")
-        save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=180, size="sm")
+    with gr.Row(elem_id="chat-actions"):
+        stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")
+        save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=170, size="sm")
+    status = gr.Markdown("Engine: starting…", elem_id="engine-status")
     saved_file = gr.File(label="Conversation as Markdown", visible=False, elem_id="saved-file", interactive=False)
 
     internal = {"queue": False, "api_visibility": "undocumented"}

@@ -7,7 +7,6 @@ title, which is how `chat.history` knows never to send them back to the model.
 
 from __future__ import annotations
 
-import html
 import re
 import tempfile
 import time
@@ -17,7 +16,6 @@ import gradio as gr
 
 from chat.errors import Stopped
 from chat.history import text_of
-from chat.presets import Preset
 from chat.service import Finished, ReplyEvent, Waiting, Writing
 from chat.stats import ReplyStats
 from chat.stream import Reply
@@ -71,21 +69,6 @@ def stats_annotation(stats: ReplyStats, notice: str | None = None) -> gr.ChatMes
     if notice:
         title = f"{PROBLEM} {notice} · {stats.summary()}"
     return annotation(title, stats.details())
-
-
-def preset_card(preset: Preset) -> str:
-    hardware = preset.hardware
-    needs = "runs on a CPU" if hardware.device == "cpu" else f"needs {hardware.gpus} GPU(s)"
-    if hardware.min_gpu_memory_gb:
-        needs += f" with at least {hardware.min_gpu_memory_gb:g} GB of memory each"
-    engine_args = preset.non_default_engine_args()
-    args = ", ".join(f"`{key}: {value}`" for key, value in engine_args.items()) or "vLLM's defaults"
-    model = "SmolLM2-135M-Instruct (embedded)" if preset.model_kind == "embedded" else preset.model
-    tags = f" · Tags: {html.escape(', '.join(preset.tags))}" if preset.tags else ""
-    return (
-        f"**{html.escape(preset.name)}**: {html.escape(preset.description)}\n\n"
-        f"Model: `{model}` · {needs} · Engine: {args}{tags}"
-    )
 
 
 def conversation_markdown(history: list[dict]) -> str:

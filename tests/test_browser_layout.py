@@ -1,0 +1,75 @@
+"""The page on a phone, a tablet and a laptop: the message box on screen and usable, settings where
+they act, Stop only while a reply is written. Screenshots of each tab at each width land in tests/output/."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import OUTPUT
+from tests.test_browser import REPLY_TITLE, send, watch_reply
+
+pytestmark = pytest.mark.browser
+
+WIDTHS = {"phone": (390, 844), "tablet": (768, 1024), "laptop": (1366, 900)}
+CHAT_SETTINGS = "#preset"
+
+
+def covered_by(page, selector: str) -> str:
+    """What the browser would click at the centre of the element: its own tag when nothing covers it."""
+    return page.evaluate(
+        """(selector) => {
+          const el = document.querySelector(selector);
+          const box = el.getBoundingClientRect();
+          const hit = document.elementFromPoint(box.x + box.width / 2, box.y + box.height / 2);
+          return hit === el ? 'itself' : (hit ? hit.outerHTML.slice(0, 120) : 'nothing (off screen)');
+        }""",
+        selector,
+    )
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+@pytest.mark.parametrize("device", list(WIDTHS))
+def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, app_server, device):
+    width, height = WIDTHS[device]
+    context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=device == "phone",
+                                  has_touch=device != "laptop")
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_server.url)
+    page.wait_for_selector("#message textarea")
+
+    assert covered_by(page, "#message textarea") == "itself"
+    assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1"), "no sideways scrolling"
+    assert not page.locator("#stop").is_visible(), "Stop shows only while a reply is written"
+    if device == "phone":  # settings wait behind a button, and close again
+        assert not page.locator(CHAT_SETTINGS).is_visible()
+        page.locator("#settings-open").click()
+        page.locator(CHAT_SETTINGS).wait_for(state="visible")
+    assert page.locator(CHAT_SETTINGS).is_visible()
+    page.locator("#knob-max_tokens input[type=number]").fill("12")  # a short reply
+    page.locator("#knob-max_tokens input[type=number]").press("Tab")
+    if device == "phone":
+        page.locator("#settings-done").click()
+        page.locator(CHAT_SETTINGS).wait_for(state="hidden")
+        assert covered_by(page, "#message textarea") == "itself"
+
+    send(page, "Name three colours.")
+    page.locator("#stop").wait_for(state="visible")
+    _, title = watch_reply(page, "first token")
+    assert "12 tokens" in title or "finished" in title
+    page.locator("#stop").wait_for(state="hidden")
+    assert page.locator(REPLY_TITLE).last.is_visible()
+    assert covered_by(page, "#message textarea") == "itself"
+    page.screenshot(path=str(OUTPUT / f"layout-{device}-chat.png"))
+
+    for tab in ("Compare", "Monitor"):
+        open_tab(page, tab)
+        assert not page.locator(CHAT_SETTINGS).is_visible(), f"the chat's settings do not show on {tab}"
+        assert not page.locator("#stop").is_visible()
+        page.screenshot(path=str(OUTPUT / f"layout-{device}-{tab.lower()}.png"))
+    open_tab(page, "Compare")
+    assert page.locator("#compare-prompt textarea").is_visible()
+    context.close()

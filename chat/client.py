@@ -50,7 +50,7 @@ def websocket_url(url: str) -> str:
 def backoff_s(attempt: int, base_s: float = 0.5, cap_s: float = 8.0) -> float:
     """Wait before reconnect `attempt` (1, 2, …): doubling, capped, with jitter so clients spread out."""
     delay = min(cap_s, base_s * 2 ** (attempt - 1))
-    return delay / 2 + random.uniform(0, delay / 2)
+    return float(delay / 2 + random.uniform(0, delay / 2))
 
 
 def stats_summary(stats: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -87,7 +87,7 @@ def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
 def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu()
+    return bool(current_platform.is_cpu())
 
 
 def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
@@ -267,7 +267,7 @@ class Engine:
         request_id: str,
         on_unload: Callable[[str], None],
         ignore_eos: bool = False,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream one request's output. Refuses with EngineBusy when too many are in flight.
 
         `on_unload(reason)` is called if the engine is unloaded under the request. Closing or

@@ -107,11 +107,13 @@ def fit_ratings(scores: np.ndarray, prior: float = PRIOR_BATTLES) -> np.ndarray:
         if float(np.max(np.abs(scale * step))) < _NEWTON_TOLERANCE:
             break
     theta -= theta.mean()
-    return BASE + SCALE * theta / math.log(10)
+    ratings: np.ndarray = BASE + SCALE * theta / math.log(10)
+    return ratings
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1 + np.tanh(x / 2))  # never overflows
+    probability: np.ndarray = 0.5 * (1 + np.tanh(x / 2))  # never overflows
+    return probability
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def rank(votes: Sequence[VoteRecord], *, rounds: int = ROUNDS, seed: int = 0,
     def scores(weights: np.ndarray) -> np.ndarray:
         w = weights[vote_of]
         flat = np.bincount(first * n + second, w * score, n * n) + np.bincount(second * n + first, w * (1 - score), n * n)
-        return flat.reshape(n, n)
+        table: np.ndarray = flat.reshape(n, n)
+        return table
 
     ratings = fit_ratings(scores(np.ones(len(counted))))
     rng = np.random.default_rng(seed)

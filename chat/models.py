@@ -66,12 +66,12 @@ def _progress_class(repo_id: str, report: Report) -> type:
 
     reported: set[str] = set()
 
-    class DownloadProgress(tqdm):  # type: ignore[misc]
+    class DownloadProgress(tqdm):
         """tqdm that also reports to the UI, at most once per percent (huggingface_hub draws several
         bars for one download, interleaved: each line is reported once)."""
 
         def update(self, n: float | None = 1) -> bool | None:
-            shown = super().update(n)
+            shown: bool | None = super().update(n)
             if self.total and self.unit == "B":
                 line = f"Downloading {repo_id}: {int(100 * self.n / self.total)}% of {self.total / 1e9:.1f} GB"
                 if line not in reported:

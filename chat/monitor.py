@@ -91,7 +91,7 @@ def _round_up(value: float) -> float:
     if value <= 0:
         return 1.0
     scale = 10 ** math.floor(math.log10(value))
-    return next(step * scale for step in (1, 2, 2.5, 5, 10) if step * scale >= value - 1e-9)
+    return float(next(step * scale for step in (1, 2, 2.5, 5, 10) if step * scale >= value - 1e-9))
 
 
 def time_axis(now: float, window_s: float) -> tuple[float, float]:

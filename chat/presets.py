@@ -133,7 +133,7 @@ class PresetCatalog:
 
 
 @cache
-def _engine_fields() -> dict[str, dataclasses.Field]:
+def _engine_fields() -> dict[str, dataclasses.Field[Any]]:
     from vllm import AsyncEngineArgs
 
     return {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
@@ -313,7 +313,7 @@ def _schema_problems(data: dict[str, Any]) -> list[Problem]:
         errors = exc.errors()
     else:
         return []
-    found: dict[tuple[str | int, ...], dict] = {}
+    found: dict[tuple[str | int, ...], dict[str, Any]] = {}
     for error in errors:
         loc = list(error["loc"])
         member = next((i for i, part in enumerate(loc) if _union_member(part)), None)
@@ -415,7 +415,7 @@ def _first_alias_line(node: yaml.Node | None) -> int | None:
     while stack:
         current = stack.pop()
         if id(current) in seen:
-            return current.start_mark.line + 1
+            return int(current.start_mark.line) + 1
         seen.add(id(current))
         if isinstance(current, yaml.MappingNode):
             for key, value in current.value:

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 
 from chat import metrics
 from chat.engine import RESTARTING, Engine, EngineState
@@ -81,7 +81,7 @@ class EngineRegistry:
                 if engine.died:
                     self.restart(engine)
 
-    async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncIterator[str]:
+    async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str, None]:
         """Yield a status line every `every_s` while the preset's engine starts or wakes; return once
         it is ready. Raises EngineError (EngineBusy when there is no room for it now)."""
         engine = self.start(preset)

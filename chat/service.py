@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ class ChatService:
 
     # --- the pipeline ----------------------------------------------------------------------
 
-    async def reply(self, request: ReplyRequest) -> AsyncIterator[ReplyEvent]:
+    async def reply(self, request: ReplyRequest) -> AsyncGenerator[ReplyEvent, None]:
         """Answer one message: Waiting*, Writing*, then exactly one Finished or Failed.
 
         Never raises for anything a person can cause; unexpected errors are logged with their
@@ -189,7 +189,7 @@ class ChatService:
             if reply is not None and reply.stats is not None:
                 metrics.reply_finished(reply.stats)
 
-    async def _stream(self, reply: Reply) -> AsyncIterator[Writing]:
+    async def _stream(self, reply: Reply) -> AsyncGenerator[Writing, None]:
         in_flight = metrics.STREAMS_IN_FLIGHT.labels(reply.preset.name)
         in_flight.inc()
         self.pacer.started()

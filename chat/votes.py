@@ -273,7 +273,7 @@ class VoteStore:
 
     def count(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM votes").fetchone()[0]
+            return int(self._db.execute("SELECT COUNT(*) FROM votes").fetchone()[0])
 
     # --- off the event loop --------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ def routes(
             healthy = False
         body = {"status": "ok" if healthy else "unavailable", "engines": engines}
         if not healthy:
-            body["reason"] = "; ".join(e["status"] for e in engines) or "No engine is loaded yet."
+            body["reason"] = "; ".join(str(e["status"]) for e in engines) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503)
 
     return [

@@ -71,7 +71,7 @@ def login_token(connection: HTTPConnection) -> str | None:
     return token if token is not None and token in getattr(app, "tokens", {}) else None
 
 
-class LazyBlockConfigs(dict):
+class LazyBlockConfigs(dict[int, Any]):
     """`SessionState.config_values`, built one block at a time when first read.
 
     One configuration stays built while any is pending: C code that reads a dict directly (json's
@@ -90,18 +90,18 @@ class LazyBlockConfigs(dict):
         if self._pending and not super().__len__():
             self[next(iter(self._pending))]
 
-    def __missing__(self, key: int) -> dict:
+    def __missing__(self, key: int) -> dict[str, Any]:
         if key not in self._pending:
             raise KeyError(key)
         block = self._pending.pop(key) or self._blocks_config.blocks[key]
-        config = self._blocks_config.config_for_block(key, [], block)
+        config: dict[str, Any] = self._blocks_config.config_for_block(key, [], block)
         value = self._values.pop(key, _UNSET)
         if value is not _UNSET and "props" in config:
             config["props"]["value"] = value
         super().__setitem__(key, config)
         return config
 
-    def __setitem__(self, key: int, config: dict) -> None:
+    def __setitem__(self, key: int, config: dict[str, Any]) -> None:
         self._pending.pop(key, None)
         self._values.pop(key, None)
         super().__setitem__(key, config)
@@ -129,15 +129,15 @@ class LazyBlockConfigs(dict):
     def __contains__(self, key: object) -> bool:
         return key in self._pending or super().__contains__(key)
 
-    def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: int, default: Any = None) -> Any:
         return self[key] if key in self else default  # noqa: SIM401 - dict.get skips __missing__
 
-    def setdefault(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+    def setdefault(self, key: int, default: Any = None) -> Any:
         if key not in self:
             self[key] = default
         return self[key]
 
-    def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, key: int, *default: Any) -> Any:
         if key in self._pending:
             self[key]  # build it: the value popped is what Gradio would have held
         value = super().pop(key, *default)
@@ -154,7 +154,7 @@ class LazyBlockConfigs(dict):
         self._values.pop(key, None)
         self._keep_one_built()
 
-    def update(self, *others: Any, **more: Any) -> None:  # type: ignore[override]
+    def update(self, *others: Any, **more: Any) -> None:
         for other in others:
             pairs = other.items() if isinstance(other, Mapping) else other
             for key, value in pairs:
@@ -167,7 +167,7 @@ class LazyBlockConfigs(dict):
         self._values.clear()
         super().clear()
 
-    def copy(self) -> dict[int, Any]:  # type: ignore[override]
+    def copy(self) -> dict[int, Any]:
         """A plain dict with every configuration built, as Gradio's own would be."""
         self._build_all()
         return dict(super().items())
@@ -181,7 +181,7 @@ class LazyBlockConfigs(dict):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         self._build_all()
@@ -195,15 +195,15 @@ class LazyBlockConfigs(dict):
             for key, value in (built | rest).items():
                 super().__setitem__(key, value)
 
-    def items(self) -> ItemsView:  # type: ignore[override]
+    def items(self) -> ItemsView[int, Any]:  # type: ignore[override]
         self._build_all()
         return super().items()
 
-    def keys(self) -> KeysView:  # type: ignore[override]
+    def keys(self) -> KeysView[int]:  # type: ignore[override]
         self._build_all()
         return super().keys()
 
-    def values(self) -> ValuesView:  # type: ignore[override]
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
         self._build_all()
         return super().values()
 

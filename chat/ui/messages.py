@@ -11,6 +11,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -71,7 +72,7 @@ def stats_annotation(stats: ReplyStats, notice: str | None = None) -> gr.ChatMes
     return annotation(title, stats.details())
 
 
-def conversation_markdown(history: list[dict]) -> str:
+def conversation_markdown(history: list[dict[str, Any]]) -> str:
     """The chat as Markdown: each turn, and each reply's stats with its preset and settings."""
     lines = ["# Conversation", ""]
     for message in history or []:
@@ -88,7 +89,7 @@ def conversation_markdown(history: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def conversation_file(history: list[dict]) -> str:
+def conversation_file(history: list[dict[str, Any]]) -> str:
     """Write the conversation to a new temporary file (never a path the browser chose)."""
     folder = Path(tempfile.mkdtemp(prefix="conversation-"))
     path = folder / f"conversation-{time.strftime('%Y%m%d-%H%M%S')}.md"

@@ -181,6 +181,7 @@ def run_app(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "app.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.app  # runs app.py
 def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
     write(tmp_path, "good.yaml", GOOD)
     write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
@@ -194,12 +195,14 @@ def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
     assert "1 valid, 2 invalid preset file(s)." in printed
 
 
+@pytest.mark.app  # runs app.py
 def test_check_presets_passes_on_the_bundled_presets():
     result = run_app("--check-presets")
     assert result.returncode == 0, result.stdout
     assert "0 invalid" in result.stdout
 
 
+@pytest.mark.app  # runs app.py
 def test_list_presets_names_each_with_its_file(tmp_path):
     write(tmp_path, "tiny.yaml", GOOD)
     result = run_app("--list-presets", "--presets-dir", str(tmp_path))

@@ -1,0 +1,191 @@
+"""Readers of the app for the front-end benchmark: many chat turns at once, through one of three doors.
+
+  browser  the Chat tab's own events, as a browser fires them on Enter (bench/gradio_browser.py);
+  api      ChatInterface's public /chat endpoint through Gradio's queue (what bench/run.py and
+           bench/gpu.py call "app": the same handler, without the Chatbot's per-update work);
+  ws       the app's own WebSocket API at /chat (bench/http_client.py).
+
+Each turn is a new session (a new tab) that may first be given earlier turns: the page's chat is
+loaded with them and the server's copy synchronised, as after turns taken in that tab. Closed loop:
+`concurrency` readers, each starting its next turn when the last has ended, optionally split over
+client processes. Every turn comes back as a `Turn`, with the moments its reply grew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+import httpx
+
+from bench.gradio_browser import Page, Tab, Watch, load_page, message_text
+
+TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
+
+
+@dataclass
+class Turn:
+    """What one reader saw of one chat turn (monotonic seconds, the machine's clock)."""
+
+    index: int
+    started: float  # Enter pressed / request sent
+    updates: list[tuple[float, int]] = field(default_factory=list)  # (when, reply length) per update received
+    text: str = ""
+    joined: float | None = None  # the reply's event was sent to Gradio's queue
+    process_started: float | None = None  # ... and Gradio began running it
+    ended: float | None = None  # the reply's stream ended
+    done: float | None = None  # every event of the turn ended
+    requests: int = 0  # HTTP requests the turn made (stream connections not counted)
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    """One turn to take: the message, the earlier turns, and the page's settings."""
+
+    message: str
+    max_tokens: int
+    history: list[dict[str, Any]] = field(default_factory=list)  # the chat as the page holds it
+    settings: dict[str, Any] = field(default_factory=dict)  # elem_id -> value (sliders, preset, ...)
+
+
+def plain_history(history: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The chat as a model reads it (role and text), without the app's annotations."""
+    return [{"role": m["role"], "content": message_text(m)} for m in history
+            if m.get("role") in ("user", "assistant") and not (m.get("metadata") or {}).get("title")]
+
+
+def _client(concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=4 * concurrency + 8, max_keepalive_connections=2 * concurrency + 4)
+    return httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits)
+
+
+async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
+    """Give the tab earlier turns: the chat shows them and the server's session holds them."""
+    chatbot = tab.page.component("chatbot")
+    tab.values[chatbot] = copy.deepcopy(history)  # the tab patches its values in place
+    for component, kind in tab.page.types.items():
+        if kind == "browserstate":  # save_history: the browser's saved conversations include this one
+            tab.values[component] = [copy.deepcopy(history)]
+    sync = next(e for e in tab.page.events.values()
+                if e.backend and not e.queue and e.inputs == (chatbot,) and all(tab.page.stateful(c) for c in e.outputs))
+    if not await tab.run(sync, follow=False):  # what it sets off ran after those earlier turns
+        raise RuntimeError(f"seeding the history failed: {tab.trace.errors}")
+
+
+async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
+    tab = Tab(http, url, page)
+    for elem_id, value in request.settings.items():
+        tab.set(elem_id, value)
+    if request.history:
+        await _seed(tab, request.history)
+    seeded = tab.trace.direct + tab.trace.queued
+    tab.set("message", request.message)
+    watch = tab.watch = Watch(page.component("chatbot"), started=time.monotonic())
+    await tab.trigger(page.component("message"), "submit")
+    return _turn(index, tab, watch, seeded)
+
+
+async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
+    tab = Tab(http, url, page)
+    if request.history:
+        await _seed(tab, request.history)
+    seeded = tab.trace.direct + tab.trace.queued
+    event = page.api("chat")
+    settings = {page.component(k): v for k, v in request.settings.items()}
+    data = [request.message if i == 0 else None if page.stateful(c) else settings.get(c, page.initial.get(c))
+            for i, c in enumerate(event.inputs)]
+    watch = tab.watch = Watch(event.outputs[0], started=time.monotonic())
+    await tab.run(event, data=data)
+    return _turn(index, tab, watch, seeded)
+
+
+def _turn(index: int, tab: Tab, watch: Watch, seeded: int) -> Turn:
+    turn = Turn(index, watch.started, joined=watch.joined, process_started=watch.process_started, ended=watch.ended,
+                done=time.monotonic(), requests=tab.trace.direct + tab.trace.queued - seeded)
+    turn.updates, turn.text = list(watch.updates), watch.text
+    turn.error = watch.error or ("; ".join(tab.trace.errors) or None) or (None if watch.ended else "no reply")
+    return turn
+
+
+async def ws_turn(url: str, index: int, request: Request, preset: str, sampling: dict[str, Any]) -> Turn:
+    from bench.http_client import _one_ws
+
+    messages = [*plain_history(request.history), {"role": "user", "content": request.message}]
+    body = {"type": "chat", "preset": preset, "sampling": {**sampling, "max_tokens": request.max_tokens},
+            "messages": messages}
+    reply = await _one_ws(url.replace("http://", "ws://").rstrip("/") + "/chat", index, body)
+    return Turn(index, reply.started, list(reply.updates), reply.text, ended=reply.updates[-1][0] if reply.updates else None,
+                done=time.monotonic(), requests=1, error=reply.error or (None if reply.completed else "not completed"))
+
+
+async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
+                  ws: dict[str, Any]) -> list[Turn]:
+    async with _client(concurrency) as http:
+        page = await load_page(http, url) if protocol != "ws" else None
+        todo = list(work)
+        out: list[Turn] = []
+
+        async def reader() -> None:
+            while todo:
+                index, request = todo.pop(0)
+                started = time.monotonic()
+                if protocol == "browser":
+                    one = browser_turn(http, url, page, index, request)
+                elif protocol == "api":
+                    one = api_turn(http, url, page, index, request)
+                else:
+                    one = ws_turn(url, index, request, ws["preset"], ws["sampling"])
+                try:
+                    turn = await asyncio.wait_for(one, TURN_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
+                    turn = Turn(index, started, error=repr(exc))
+                out.append(turn)
+
+        await asyncio.gather(*(reader() for _ in range(max(1, concurrency))))
+        return out
+
+
+def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
+           ws: dict[str, Any]) -> list[dict[str, Any]]:
+    return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws))]
+
+
+def take_turns(url: str, protocol: str, requests: list[Request], *, concurrency: int, procs: int = 1,
+               ws: dict[str, Any] | None = None) -> list[Turn]:
+    """Every request taken once as a turn, `concurrency` at a time; turns in request order.
+    `ws`: the preset name and sampling values the WebSocket requests carry."""
+    work = list(enumerate(requests))
+    procs = max(1, min(procs, concurrency, len(work)))
+    if procs == 1:
+        turns = _shard(url, protocol, work, concurrency, ws or {})
+    else:
+        readers = [len(range(i, concurrency, procs)) for i in range(procs)]
+        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}) for i in range(procs)]
+            turns = [t for f in futures for t in f.result()]
+    return sorted((Turn(**{**t, "updates": [tuple(u) for u in t["updates"]]}) for t in turns), key=lambda t: t.index)
+
+
+def capture_chat(url: str, request: Request) -> list[dict[str, Any]]:
+    """One turn in a tab (browser door); the chat as the page then holds it (messages and the
+    app's annotations), to make earlier turns of."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with _client(1) as http:
+            page = await load_page(http, url)
+            tab = Tab(http, url, page)
+            for elem_id, value in request.settings.items():
+                tab.set(elem_id, value)
+            tab.set("message", request.message)
+            await tab.trigger(page.component("message"), "submit")
+            if tab.trace.errors:
+                raise RuntimeError(f"the turn failed: {tab.trace.errors}")
+            return tab.get("chatbot")
+
+    return asyncio.run(go())

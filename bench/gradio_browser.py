@@ -1,0 +1,325 @@
+"""A Gradio page's events replayed the way its browser front end fires them, without a browser.
+
+Sending a message from a Gradio ChatInterface is not one request: the textbox's submit starts a
+chain of events (`.then`, `.success`), some through the queue and some as plain `/run` calls, and
+the values they return fire `change` events of their own. ChatInterface's public `/chat` API
+endpoint skips most of that (and the Chatbot's postprocessing), so a benchmark that only calls it
+measures less work than a browser causes. A `Tab` reads the page's `/config` and follows the same
+rules as the front end for one session: it sends the values the page holds for each input (state
+stays on the server), applies the returned values and diffs, fires `change` for what changed, and
+runs every event chained after each one. It keeps one event stream per session, as the browser
+does. Front-end-only (JavaScript) events are skipped. Used by bench/frontend.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Event:
+    """One dependency of the page's config."""
+
+    id: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    queue: bool
+    generator: bool
+    after: int | None  # runs when this event ends (.then / .success / .failure)
+    only_on_success: bool
+    only_on_failure: bool
+    backend: bool
+    api_name: str | None
+
+
+class Page:
+    """The page's components and events, from its /config."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.types = {c["id"]: c["type"] for c in config["components"]}
+        self.elem_ids = {c["props"].get("elem_id"): c["id"] for c in config["components"] if c["props"].get("elem_id")}
+        self.initial: dict[int, Any] = {}
+        for c in config["components"]:
+            props = c["props"]
+            if "value" in props:
+                self.initial[c["id"]] = props["value"]
+            elif "default_value" in props:  # BrowserState: kept in the browser's storage
+                self.initial[c["id"]] = props["default_value"]
+        self.events: dict[int, Event] = {}
+        self.listeners: dict[tuple[int, str], list[Event]] = defaultdict(list)
+        self.followers: dict[int, list[Event]] = defaultdict(list)
+        for d in config["dependencies"]:
+            event = Event(d["id"], tuple(d["inputs"]), tuple(d["outputs"]), bool(d["queue"]),
+                          bool(d["types"]["generator"]), d.get("trigger_after"), bool(d.get("trigger_only_on_success")),
+                          bool(d.get("trigger_only_on_failure")), bool(d["backend_fn"]), d.get("api_name"))
+            self.events[event.id] = event
+            if event.after is not None:
+                self.followers[event.after].append(event)
+            for target, name in d["targets"]:
+                if target is not None:
+                    self.listeners[(target, name)].append(event)
+
+    def stateful(self, component: int) -> bool:
+        return self.types.get(component) == "state"  # held by the server per session; the browser sends null
+
+    def component(self, elem_id: str) -> int:
+        if elem_id not in self.elem_ids:
+            raise LookupError(f"the page has no component with elem_id {elem_id!r}")
+        return self.elem_ids[elem_id]
+
+    def api(self, name: str) -> Event:
+        matches = [e for e in self.events.values() if e.api_name == name]
+        if not matches:
+            raise LookupError(f"the page has no event with api_name {name!r}")
+        return matches[0]
+
+
+async def load_page(http: httpx.AsyncClient, base_url: str) -> Page:
+    return Page((await http.get(base_url.rstrip("/") + "/config")).json())
+
+
+@dataclass
+class Watch:
+    """What one tab saw of the streaming event that writes into `component`."""
+
+    component: int
+    started: float = 0.0  # monotonic: the user pressed Enter
+    joined: float | None = None  # the event was sent to Gradio's queue
+    process_started: float | None = None  # the queue began running the event
+    updates: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, reply length) per update
+    text: str = ""  # the reply at its last update
+    ended: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Trace:
+    """Counts of what one user action cost in requests."""
+
+    queued: int = 0
+    direct: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Tab:
+    """One browser tab: its session, the values its components hold, and its event stream."""
+
+    def __init__(self, http: httpx.AsyncClient, base_url: str, page: Page) -> None:
+        self.http = http
+        self.base = base_url.rstrip("/") + "/gradio_api"
+        self.page = page
+        self.session = secrets.token_hex(8)
+        self.values = dict(page.initial)
+        self.trace = Trace()
+        self.watch: Watch | None = None
+        self._stream: asyncio.Task | None = None
+        self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._early: dict[str, list[dict[str, Any]]] = defaultdict(list)  # messages before their join returned
+
+    def set(self, elem_id: str, value: Any) -> None:
+        self.values[self.page.component(elem_id)] = value
+
+    def get(self, elem_id: str) -> Any:
+        return self.values.get(self.page.component(elem_id))
+
+    async def trigger(self, component: int, name: str) -> None:
+        """Fire a component's event, then everything it sets off; returns when all have ended."""
+        await asyncio.gather(*(self.run(event, component) for event in self.page.listeners[(component, name)]))
+
+    async def run(self, event: Event, trigger_id: int | None = None, data: list[Any] | None = None,
+                  follow: bool = True) -> bool:
+        """Run one event and (with `follow`) those it sets off; True when it succeeded."""
+        if not event.backend:
+            return True  # front-end only
+        before = {c: self.values.get(c) for c in event.outputs}
+        if data is None:
+            data = [None if self.page.stateful(c) else self.values.get(c) for c in event.inputs]
+        body = {"data": data, "fn_index": event.id, "session_hash": self.session, "event_data": None,
+                "trigger_id": trigger_id}
+        try:
+            output = await (self._queued(event, body) if event.queue else self._direct(body))
+            ok = output is not None
+        except (httpx.HTTPError, ValueError) as exc:
+            self.trace.errors.append(f"event {event.id}: {exc!r}")
+            output, ok = None, False
+        changes = []
+        if ok and follow:
+            changes = [c for c in event.outputs if not self.page.stateful(c) and self.values.get(c) != before[c]]
+            changes += list(output.get("changed_state_ids") or [])
+        then = [self.trigger(c, "change") for c in changes]
+        if follow:
+            then += [self.run(f, trigger_id) for f in self.page.followers[event.id]
+                     if not (f.only_on_success and not ok) and not (f.only_on_failure and ok)]
+        await asyncio.gather(*then)
+        return ok
+
+    # --- the two ways an event reaches the server ----------------------------------------------
+
+    async def _direct(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.trace.direct += 1
+        response = await self._post(f"{self.base}/run/predict", body)
+        output = response.json()
+        if response.status_code != 200 or "error" in output:
+            self.trace.errors.append(f"event {body['fn_index']}: {str(output)[:300]}")
+            return None
+        self._apply(self.page.events[body["fn_index"]], output.get("data") or [], full=True)
+        return output
+
+    async def _queued(self, event: Event, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.trace.queued += 1
+        watched = self.watch is not None and self.watch.component in event.outputs and event.generator
+        if watched:
+            self.watch.joined = time.monotonic()
+        joined = await self._post(f"{self.base}/queue/join", body)
+        joined.raise_for_status()
+        event_id = joined.json()["event_id"]
+        inbox = self._inboxes[event_id] = asyncio.Queue()
+        for message in self._early.pop(event_id, []):
+            inbox.put_nowait(message)
+        if self._stream is None or self._stream.done():
+            self._stream = asyncio.get_running_loop().create_task(self._read())
+        first = True
+        while True:
+            message = await inbox.get()
+            kind = message.get("msg")
+            now = time.monotonic()
+            if kind == "process_starts" and watched:
+                self.watch.process_started = now
+            elif kind in ("process_generating", "process_completed"):
+                output = message.get("output") or {}
+                if kind == "process_completed" and not message.get("success", True):
+                    self.trace.errors.append(f"event {event.id}: {str(output.get('error') or output)[:300]}")
+                    if watched:
+                        self.watch.error, self.watch.ended = str(output.get("error") or output), now
+                    return None
+                # The first update of a stream and the final one carry whole values, the rest diffs.
+                self._apply(event, output.get("data") or [], full=first or kind == "process_completed")
+                first = False
+                if watched:
+                    self.watch.text = reply_text(self.values.get(self.watch.component))
+                    self.watch.updates.append((now, len(self.watch.text)))
+                if kind == "process_completed":
+                    if watched:
+                        self.watch.ended = now
+                    return output
+            elif kind == "unexpected_error":
+                self.trace.errors.append(f"event {event.id}: {message.get('message')}")
+                return None
+
+    async def _post(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return await self.http.post(url, json=body)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            # A kept-alive connection the server closed just as it was reused: a browser sends the
+            # request again on a new one, and so does this tab (once).
+            return await self.http.post(url, json=body)
+
+    async def _read(self) -> None:
+        """The session's event stream: every queued event's messages, handed to its inbox."""
+        try:
+            await self._follow()
+        except Exception as exc:  # every event still waiting fails with it, rather than waiting forever
+            for inbox in self._inboxes.values():
+                inbox.put_nowait({"msg": "unexpected_error", "message": f"event stream: {exc!r}"})
+            self._inboxes.clear()
+
+    async def _follow(self) -> None:
+        retried = False
+        while self._inboxes:
+            got = False
+            try:
+                async with self.http.stream("GET", f"{self.base}/queue/data", params={"session_hash": self.session}) as r:
+                    async for line in r.aiter_lines():
+                        got = True
+                        if line.startswith("data:") and not self._deliver(json.loads(line[5:])):
+                            break
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                if got or retried:
+                    raise
+                retried = True  # a stale kept-alive connection, as in _post: open the stream again
+
+    def _deliver(self, message: dict[str, Any]) -> bool:
+        """Hand one message to its event's inbox; False when the server closes the stream."""
+        if message.get("msg") == "close_stream":
+            return False
+        event_id = message.get("event_id")
+        if event_id in self._inboxes:
+            self._inboxes[event_id].put_nowait(message)
+            if message.get("msg") == "process_completed":
+                del self._inboxes[event_id]
+        elif event_id:
+            self._early[event_id].append(message)
+        return True
+
+    def _apply(self, event: Event, values: list[Any], full: bool) -> None:
+        for component, value in zip(event.outputs, values, strict=False):
+            if self.page.stateful(component):
+                continue
+            if full:
+                if isinstance(value, dict) and value.get("__type__") == "update":
+                    if "value" in value:
+                        self.values[component] = value["value"]
+                else:
+                    self.values[component] = value
+            else:
+                self.values[component] = patch(self.values.get(component), value)
+
+
+def patch(target: Any, diff: list[Any]) -> Any:
+    """Gradio's streaming diff applied in place (gradio_client's apply_diff deep-copies the whole
+    value first, which would make this client's work per update grow with the conversation)."""
+    for action, path, value in diff:
+        if not path:
+            target = value if action == "replace" else target + value
+            continue
+        parent = target
+        for key in path[:-1]:
+            parent = parent[key]
+        key = path[-1]
+        if action == "replace":
+            parent[key] = value
+        elif action == "append":
+            parent[key] += value
+        elif action == "add" and isinstance(parent, list):
+            parent.insert(int(key), value)
+        elif action == "add":
+            parent[key] = value
+        elif action == "delete":
+            del parent[int(key) if isinstance(parent, list) else key]
+        else:
+            raise ValueError(f"unknown diff action {action!r}")
+    return target
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """A chat message's text, whether its content is a string or Gradio's list of parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if isinstance(content, dict):
+        return content.get("text") or ""
+    return ""
+
+
+def reply_text(messages: Any) -> str:
+    """The reply's own text: assistant messages after the last user message, without titled
+    (metadata) annotations such as stats or status lines."""
+    if not isinstance(messages, list):
+        return ""
+    parts = []
+    for m in reversed(messages):  # from the end: the work stays the reply's size in a long chat
+        if not isinstance(m, dict) or m.get("role") == "user":
+            break
+        if m.get("role") == "assistant" and not (m.get("metadata") or {}).get("title"):
+            parts.append(message_text(m))
+    return "".join(reversed(parts))

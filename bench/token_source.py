@@ -1,0 +1,235 @@
+"""A stand-in for vLLM's engine core that emits tokens at GPU rates, to measure the front end on a CPU.
+
+On a GPU host the app's process runs vLLM's front end (`AsyncLLM`: prompt processing,
+detokenization, per-request output queues, stats) and the engine core runs in a process of its own,
+pushing one `EngineCoreOutputs` per engine step. `install()` replaces only that engine-core process,
+at the one place `AsyncLLM.__init__` starts it (`EngineCoreClient.make_async_mp_client`), with a
+`TokenSource` living in the app's event loop. Everything the app touches (`generate`, `abort`, the
+renderer, `RequestOutput`s with their metrics, the stat loggers) stays vLLM's own code, so the app's
+process does the same work per token as beside a GPU, and nothing in `chat/` or `app.py` changes.
+
+The schedule is the engine's, not the app's: every `step_s` all running requests get one token
+(up to `max_num_seqs`; the rest wait), like a GPU engine in its decode phase. Steps follow a
+wall-clock timeline that the app's loop cannot slow down: when the loop is late, the steps it missed
+are handed over back to back, as vLLM's output socket would have queued them. Each request's own
+timing at the source (arrival, first and last token, how late the app picked its tokens up) is
+appended as one JSON line to `log_path` when it ends, so the benchmark can compare what a reader
+saw with what the engine offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("bench.token_source")
+
+# Emitted in a cycle, so that the detokenizer turns real tokens into real words.
+TEXT = (
+    " The lighthouse keeper walked down to the shore every morning before the sun came up. He"
+    " counted the boats in the harbour, wrote the weather in a small notebook and listened to the"
+    " gulls argue over the fish that the night had left on the sand. One morning he found a green"
+    " bottle wedged between two rocks, its cork sealed with wax. Inside was a letter written in"
+    " careful, old-fashioned handwriting, asking whoever found it to light the lamp one hour early"
+    " on the last day of summer. He did not know who had written it, or why, but he decided that"
+    " such a small favour was worth doing. When the day came, he climbed the spiral stairs, wound"
+    " the clockwork and lit the lamp while the sky was still bright, and far out at sea a single"
+    " sail turned slowly toward the light."
+)
+
+
+class NotSimulated(AttributeError):
+    """The app used a part of vLLM's engine core that the token source does not provide."""
+
+
+@dataclass
+class SourceRecord:
+    """One request as the source saw it (monotonic seconds, the machine's clock)."""
+
+    id: str
+    prompt_tokens: int
+    max_tokens: int
+    added: float  # add_request_async was called
+    first_token: float | None = None  # end of the step that produced its first token (engine time)
+    last_token: float | None = None
+    first_handed: float | None = None  # when the app's loop actually took that step's output
+    tokens: int = 0
+    lag_sum: float = 0.0  # sum over its steps of (taken - step end): how far behind the loop was
+    finish: str = "length"
+
+    @property
+    def lag_mean(self) -> float:
+        return self.lag_sum / self.tokens if self.tokens else 0.0
+
+
+class TokenSource:
+    """What `AsyncLLM` holds as `engine_core`: requests in, one `EngineCoreOutputs` per step out."""
+
+    def __init__(self, vllm_config: Any, tokenizer: Any, step_s: float = 0.025,
+                 log_path: Path | None = None) -> None:
+        self.step_s = step_s
+        self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+        self.engine_ranks_managed = [0]  # read by AsyncLLM's stat-logger setup
+        self.resources = _Resources()  # AsyncLLM.errored reads resources.engine_dead
+        ids = tokenizer.encode(TEXT, add_special_tokens=False)
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.tokens = [t for t in ids if t not in special]
+        self._waiting: collections.deque[SourceRecord] = collections.deque()
+        self._running: dict[str, SourceRecord] = {}
+        self._clock = 0.0  # end of the latest step on the engine's timeline
+        self._steps = 0
+        self._arrived = asyncio.Event()
+        self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 - for the process's life
+
+    # --- what AsyncLLM calls -------------------------------------------------------------------
+
+    async def get_supported_tasks_async(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    async def add_request_async(self, request: Any) -> None:
+        params = request.sampling_params
+        record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
+                              (params.max_tokens if params is not None else None) or 16, time.monotonic())
+        self._waiting.append(record)
+        self._arrived.set()
+
+    async def abort_requests_async(self, request_ids: Any) -> None:
+        for request_id in request_ids:
+            record = self._running.pop(request_id, None)
+            if record is None:
+                record = next((r for r in self._waiting if r.id == request_id), None)
+                if record is not None:
+                    self._waiting.remove(record)
+            if record is not None:
+                record.finish = "abort"
+                self._write(record)
+
+    async def get_output_async(self) -> Any:
+        """The next step's outputs, at the moment that step ends on the engine's timeline."""
+        from vllm.v1.engine import EngineCoreOutputs
+
+        start = await self._step_start()
+        end = start + self.step_s
+        admitted = {record.id for record in self._admit(start)}
+        # When the loop is behind, the missed steps are handed over one per loop turn, as vLLM's
+        # output socket reader (a task of this loop) would pass them on, not all at once.
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        taken = time.monotonic()
+        outputs = [self._output(record, end, taken, record.id in admitted, start) for record in list(self._running.values())]
+        self._clock = end
+        self._steps += 1
+        return EngineCoreOutputs(engine_index=0, outputs=outputs, scheduler_stats=self._stats(), timestamp=end)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.resources.engine_dead = True
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the app reaches through AsyncLLM would need the real engine core: say so
+        # in the bench log instead of letting a benchmark silently measure something else.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        message = (f"bench token source: the app used engine_core.{name}, which the benchmark does not "
+                   "simulate; add it to bench/token_source.py")
+        log.error("%s\n%s", message, "".join(traceback.format_stack(limit=8)))
+        raise NotSimulated(message)
+
+    # --- the engine's schedule -----------------------------------------------------------------
+
+    async def _step_start(self) -> float:
+        """When the next step starts: right after the last one while busy; when idle, at the next
+        request's arrival (a real engine starts a step as soon as it has work)."""
+        while not self._running:
+            if not self._waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+            return max(self._clock, self._waiting[0].added)
+        return self._clock
+
+    def _admit(self, start: float) -> list[SourceRecord]:
+        """Waiting requests that had arrived by the step's start, while there are free slots."""
+        admitted = []
+        while self._waiting and self._waiting[0].added <= start and len(self._running) < self.max_num_seqs:
+            record = self._waiting.popleft()
+            self._running[record.id] = record
+            admitted.append(record)
+        return admitted
+
+    def _output(self, record: SourceRecord, end: float, taken: float, new: bool, start: float) -> Any:
+        from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+        from vllm.v1.metrics.stats import PrefillStats
+
+        token = self.tokens[(hash(record.id) + record.tokens) % len(self.tokens)]
+        record.tokens += 1
+        record.last_token = end
+        record.lag_sum += taken - end
+        events = prefill = None
+        if new:  # the engine reports when it queued and first scheduled the request, and its prefill
+            record.first_token, record.first_handed = end, taken
+            events = [EngineCoreEvent(EngineCoreEventType.QUEUED, record.added),
+                      EngineCoreEvent(EngineCoreEventType.SCHEDULED, start)]
+            prefill = PrefillStats(num_prompt_tokens=record.prompt_tokens, num_computed_tokens=record.prompt_tokens)
+        finished = record.tokens >= record.max_tokens
+        if finished:
+            del self._running[record.id]
+            self._write(record)
+        return EngineCoreOutput(request_id=record.id, new_token_ids=[token], events=events, prefill_stats=prefill,
+                                finish_reason=FinishReason.LENGTH if finished else None)
+
+    def _stats(self) -> Any:
+        from vllm.v1.metrics.stats import SchedulerStats
+
+        return SchedulerStats(num_running_reqs=len(self._running), num_waiting_reqs=len(self._waiting),
+                              step_counter=self._steps, kv_cache_usage=len(self._running) / self.max_num_seqs)
+
+    def _write(self, record: SourceRecord) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps(asdict(record)) + "\n")
+
+
+@dataclass
+class _Resources:
+    engine_dead: bool = False
+
+
+_ORIGINAL: list[Any] = []  # vLLM's own factory while replaced
+
+
+def install(step_s: float = 0.025, log_path: Path | None = None) -> list[TokenSource]:
+    """Make every AsyncLLM created from now on in this process stream from a TokenSource
+    (until `uninstall()`). Returns the list the sources are appended to as engines are built."""
+    from vllm.v1.engine import core_client
+
+    sources: list[TokenSource] = []
+
+    def make_async_mp_client(vllm_config: Any, executor_class: Any, log_stats: bool, *args: Any,
+                             renderer: Any = None, **kwargs: Any) -> TokenSource:
+        if renderer is None:
+            raise NotSimulated("bench token source: AsyncLLM no longer hands its renderer to the engine core client")
+        source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path)
+        sources.append(source)
+        log.warning("vLLM's engine core replaced by the bench token source: a token for every running request "
+                    "every %.1f ms, at most %d running", 1e3 * step_s, source.max_num_seqs)
+        return source
+
+    if not _ORIGINAL:
+        _ORIGINAL.append(core_client.EngineCoreClient.__dict__["make_async_mp_client"])
+    core_client.EngineCoreClient.make_async_mp_client = staticmethod(make_async_mp_client)
+    return sources
+
+
+def uninstall() -> None:
+    """vLLM's own engine core again for AsyncLLMs created from now on."""
+    from vllm.v1.engine import core_client
+
+    if _ORIGINAL:
+        core_client.EngineCoreClient.make_async_mp_client = _ORIGINAL.pop()

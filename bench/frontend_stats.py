@@ -12,12 +12,17 @@ machine's monotonic clock):
   loop lag     per reply, the mean delay between an engine step ending and the app's event loop
                taking its output (what vLLM's output socket would hold meanwhile).
   updates      messages of the reply's stream received per reply (each one a redraw the app did).
-  tok/update   tokens per reply / updates carrying new text: coalescing; 1 means a redraw per token.
+  empty        of those, updates that added no reply text (a redraw that showed nothing new).
+  tok/update   tokens per reply / updates: coalescing; 1 means a redraw per token.
   queue        Gradio's queue: the reply's event joined -> Gradio started it.
   app CPU      user+system CPU seconds of the app's process during the run, per redraw (all
                updates), per turn, and per 1,000 tokens; "cores" is CPU seconds / wall seconds (the
                app is pinned to one core, so near 1.0 its event loop is saturated).
+  tok/s per app core  tokens / app CPU seconds: what one core fully given to the app would carry
+               at this run's cost per token (robust to other load; the cost itself grows with load).
   client cores the benchmark's own CPU seconds / wall seconds (it must stay well below its cores).
+  others' cores  CPU used meanwhile by processes that are not this benchmark's (a shared machine);
+               rows marked * stayed above --max-others in every attempt.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class RunFigures:
     loop_lag_p50_ms: float
     loop_lag_p99_ms: float
     updates_per_reply: float
+    empty_updates_per_reply: float
     tokens_per_update: float
     queue_p50_ms: float | None
     queue_p99_ms: float | None
@@ -63,7 +69,9 @@ class RunFigures:
     client_cores: float
     others_cores: float  # CPU used meanwhile by processes that are not this benchmark's
     wall_s: float
+    tok_s_per_app_core: float = math.nan  # tokens / app CPU seconds: the ceiling one saturated core would reach
     first_error: str | None = None
+    noisy: bool = False  # other processes used more than --max-others cores in every attempt
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,8 +102,9 @@ def figures(app: str, door: str, history: int, streams: int, max_tokens: int, st
         ttft_p50_ms=1e3 * pct(ttft, 50), ttft_p99_ms=1e3 * pct(ttft, 99),
         source_ttft_p50_ms=1e3 * pct(source_ttft, 50), source_ttft_p99_ms=1e3 * pct(source_ttft, 99),
         loop_lag_p50_ms=1e3 * pct(lags, 50), loop_lag_p99_ms=1e3 * pct(lags, 99),
-        updates_per_reply=updates / len(turns) if turns else math.nan,
-        tokens_per_update=max_tokens / statistics.mean(grew) if grew and statistics.mean(grew) else math.nan,
+        updates_per_reply=statistics.mean(len(t.updates) for t in ok) if ok else math.nan,
+        empty_updates_per_reply=statistics.mean(len(t.updates) - g for t, g in zip(ok, grew, strict=True)) if ok else math.nan,
+        tokens_per_update=max_tokens / statistics.mean(len(t.updates) for t in ok) if ok else math.nan,
         queue_p50_ms=1e3 * pct(queued, 50) if queued else None, queue_p99_ms=1e3 * pct(queued, 99) if queued else None,
         requests_per_turn=statistics.mean(t.requests for t in turns) if turns else math.nan,
         app_cpu_s=app_cpu_s, app_cores=app_cpu_s / wall_s,
@@ -103,7 +112,7 @@ def figures(app: str, door: str, history: int, streams: int, max_tokens: int, st
         cpu_ms_per_turn=1e3 * app_cpu_s / len(turns) if turns else math.nan,
         cpu_s_per_1k_tokens=1e3 * app_cpu_s / tokens if tokens else math.nan,
         client_cores=client_cpu_s / wall_s, others_cores=max(busy_s - app_cpu_s - client_cpu_s, 0.0) / wall_s,
-        wall_s=wall_s, first_error=next((t.error for t in turns if t.error), None),
+        wall_s=wall_s, tok_s_per_app_core=tokens / app_cpu_s if app_cpu_s else math.nan, first_error=next((t.error for t in turns if t.error), None),
     )
 
 
@@ -114,10 +123,11 @@ COLUMNS = (  # (field or pair of fields, header, format)
     (("ttft_p50_ms", "ttft_p99_ms"), "TTFT p50 / p99 ms", "{:,.0f}"),
     (("source_ttft_p50_ms", "source_ttft_p99_ms"), "source TTFT p50 / p99 ms", "{:,.0f}"),
     (("queue_p50_ms", "queue_p99_ms"), "queue p50 / p99 ms", "{:,.0f}"),
-    ("updates_per_reply", "updates / reply", "{:.0f}"), ("tokens_per_update", "tok / update", "{:.2f}"),
+    ("updates_per_reply", "updates / reply", "{:.0f}"), ("empty_updates_per_reply", "empty", "{:.0f}"), ("tokens_per_update", "tok / update", "{:.2f}"),
     ("app_cores", "app cores", "{:.2f}"), ("cpu_ms_per_update", "CPU ms / update", "{:.2f}"),
     ("cpu_ms_per_turn", "CPU ms / turn", "{:.0f}"), ("cpu_s_per_1k_tokens", "CPU s / 1k tok", "{:.2f}"),
-    ("client_cores", "client cores", "{:.2f}"), ("errors", "errors", "{}"),
+    ("tok_s_per_app_core", "tok/s per app core", "{:,.0f}"),
+    ("client_cores", "client cores", "{:.2f}"), ("others_cores", "others' cores", "{:.2f}"), ("errors", "errors", "{}"),
 )
 
 
@@ -132,10 +142,11 @@ def table(rows: Sequence[RunFigures]) -> str:
              "| " + " | ".join("---" if key in ("app", "door") else "---:" for key, _, _ in COLUMNS) + " |"]
     for row in rows:
         cells = []
+        label = row.app + (" *" if row.noisy else "")
         for key, _, spec in COLUMNS:
             if isinstance(key, tuple):
                 cells.append(" / ".join(cell(getattr(row, k), spec) for k in key))
             else:
-                cells.append(cell(getattr(row, key), spec))
+                cells.append(label if key == "app" else cell(getattr(row, key), spec))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chat.service import ChatService
     from chat.ui import CSS, build_ui
     from chat.ui.gradio_internals import UntestedGradio
+    from chat.ui.style import HEAD, THEME
     from chat.web import routes
 
     budget = args.memory_budget_gb
@@ -118,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     atexit.register(_end_children)
     demo.launch(
         css=CSS,
+        theme=THEME,
+        head=HEAD,
         server_name=args.host,
         server_port=args.port,
         share=args.share,

@@ -139,7 +139,10 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
         gr.Button("⚙ Settings", size="sm", scale=0, min_width=110, elem_id="settings-open").click(
             None, js=TOGGLE_SETTINGS, queue=False, api_visibility="private"
         )
-    chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False)
+    # No "share" button: it posts to Hugging Face Spaces discussions (not where this demo runs), and
+    # Gradio renders it without a name for screen readers.
+    chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False,
+                         buttons=["copy", "copy_all"])
     gr.ChatInterface(
         fn=respond,
         additional_inputs=settings.inputs,

@@ -152,7 +152,8 @@ class CompareTab:
                     self.column_boxes.append(box)
                     self.headings.append(gr.Markdown(f"### {LABELS[i]} · {first[i]}" if i < len(first) else "",
                                                      elem_id=f"compare-heading-{i}"))
-                    self.chatbots.append(gr.Chatbot(show_label=False, elem_id=f"compare-chat-{i}", min_height=380, height=520))
+                    self.chatbots.append(gr.Chatbot(show_label=False, elem_id=f"compare-chat-{i}", min_height=380, height=520,
+                                                   buttons=["copy", "copy_all"]))  # no unnamed "share" (Spaces only)
                     self.reruns.append(gr.Button("Rerun with these settings", size="sm", elem_id=f"compare-rerun-{i}"))
         with gr.Row():
             self.prompt = gr.Textbox(placeholder="One prompt for every column; press Enter to send", show_label=False,

@@ -1,0 +1,160 @@
+"""Accessibility in a real browser: axe-core (bundled by axe-playwright-python) finds no serious or
+critical problem on any tab, fresh or with replies, charts and a comparison on it; and the chat works
+from the keyboard alone (type, send, stop, switch preset)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+
+from tests.test_browser import REPLY_TEXT, REPLY_TITLE
+
+pytestmark = pytest.mark.browser
+
+AXE = Axe()
+WIDTHS = {"phone": (390, 844), "laptop": (1366, 900)}
+BLOCKING = {"serious", "critical"}
+# Problems inside Gradio's own components that no attribute of ours can mend: rule -> a class of the
+# Gradio element it may be reported on.
+GRADIO_INTERNAL = {
+    # gr.Dataframe (Compare's summary, the Leaderboard) scrolls a wide, read-only table inside a
+    # role="none" box with nothing focusable in it (phone widths). Making the box focusable breaks
+    # the table's grid structure (aria-required-children, critical), which is worse.
+    "scrollable-region-focusable": "virtual-table-viewport",
+}
+
+
+def problems(page) -> list[str]:
+    """axe's serious and critical findings on the page as it is now, one line per element."""
+    found = []
+    for rule in AXE.run(page).response["violations"]:
+        if rule["impact"] not in BLOCKING:
+            continue
+        for node in rule["nodes"]:
+            if rule["id"] in GRADIO_INTERNAL and GRADIO_INTERNAL[rule["id"]] in node["html"]:
+                continue
+            found.append(f"{rule['id']} ({rule['impact']}, {rule['help']}): {node['target']} {node['html'][:160]}")
+    return found
+
+
+def new_page(browser, app_server, device: str = "laptop"):
+    width, height = WIDTHS[device]
+    # Reduced motion: the page then drops Gradio's fades, which axe would catch half-way (a fading
+    # progress timer measures as low contrast).
+    context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=device == "phone",
+                                  has_touch=device == "phone", reduced_motion="reduce")
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_server.url)
+    page.wait_for_selector("#message textarea")
+    return context, page
+
+
+def tab_names(page) -> list[str]:
+    """Every tab the page shows, including those a narrow screen keeps under "More tabs"."""
+    more = page.get_by_role("button", name="More tabs")
+    hidden = page.locator(".overflow-dropdown button").all_inner_texts() if more.count() else []
+    return page.get_by_role("tab").all_inner_texts() + hidden
+
+
+def open_tab(page, name: str) -> None:
+    tab = page.get_by_role("tab", name=name)
+    if tab.count() and tab.is_visible():
+        tab.click()
+    else:
+        page.get_by_role("button", name="More tabs").click()
+        page.locator(".overflow-dropdown button", has_text=name).click()
+    page.wait_for_timeout(1000)  # the tab's contents render on first opening
+
+
+def focused(page) -> str:
+    """The id of the element (or nearest ancestor with one) that has the keyboard focus."""
+    return page.evaluate("() => document.activeElement?.closest('[id]')?.id ?? ''")
+
+
+@pytest.mark.parametrize("device", list(WIDTHS))
+def test_every_tab_has_no_serious_accessibility_problem(browser, app_server, device):
+    context, page = new_page(browser, app_server, device)
+    try:
+        found = {}
+        names = tab_names(page)
+        assert {"Chat", "Compare", "Monitor"} <= set(names), names
+        for name in names:
+            open_tab(page, name)
+            found[name] = problems(page)
+        if device == "phone":
+            open_tab(page, "Chat")
+            page.locator("#settings-open").click()
+            page.locator("#preset").wait_for(state="visible")
+            found["Chat's settings"] = problems(page)
+        assert not any(found.values()), found
+    finally:
+        context.close()
+
+
+def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(browser, app_server):
+    context, page = new_page(browser, app_server)
+    try:
+        found = {}
+        box = page.locator("#message textarea")
+        box.fill("Say hello in five words.")
+        box.press("Enter")
+        page.locator("#stop").wait_for(state="visible")
+        found["Chat, writing"] = problems(page)  # Stop and a busy stats line on screen
+        page.locator(REPLY_TITLE).filter(has_text="first token").first.wait_for(timeout=90_000)
+        found["Chat, after a reply"] = problems(page)  # the stats fold beneath the reply
+
+        open_tab(page, "Monitor")
+        page.locator("#monitor-charts svg").first.wait_for()
+        found["Monitor, with charts"] = problems(page)
+
+        open_tab(page, "Compare")
+        prompt = page.locator("#compare-prompt textarea")
+        prompt.fill("Name a fruit.")
+        prompt.press("Enter")
+        for column in (0, 1):
+            title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text="first token")
+            title.first.wait_for(timeout=120_000)
+        page.locator("#compare-ttft-plot svg").first.wait_for()
+        found["Compare, after a comparison"] = problems(page)  # votes, summary table, bar charts
+        assert not any(found.values()), found
+    finally:
+        context.close()
+
+
+def test_the_chat_works_from_the_keyboard_alone(browser, app_server):
+    context, page = new_page(browser, app_server)
+    try:
+        assert focused(page) == "message", "the message box has the focus when the page opens"
+        page.keyboard.type("Tell me a very long story about a dragon who learns to bake bread.")
+        page.keyboard.press("Enter")
+
+        # Stop is reachable with Tab once the reply is being written, and Enter presses it.
+        deadline = time.monotonic() + 60
+        while not any(len(text) > 20 for text in page.locator(REPLY_TEXT).all_inner_texts()):
+            assert time.monotonic() < deadline, "no reply is being written"
+            time.sleep(0.05)
+        for _ in range(10):
+            page.keyboard.press("Tab")
+            if focused(page) == "stop":
+                break
+        assert focused(page) == "stop", f"Tab never reached Stop (at {focused(page)!r})"
+        page.keyboard.press("Enter")
+        page.locator(REPLY_TITLE).filter(has_text="stopped by you").first.wait_for(timeout=30_000)
+
+        # The preset list is reachable with Shift+Tab; arrows and Enter pick another preset.
+        before = page.locator("#preset input").input_value()
+        for _ in range(80):
+            page.keyboard.press("Shift+Tab")
+            if focused(page) == "preset":
+                break
+        assert focused(page) == "preset", f"Shift+Tab never reached the preset list (at {focused(page)!r})"
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("Enter")
+        page.wait_for_function("(before) => document.querySelector('#preset input').value !== before", arg=before)
+        chosen = page.locator("#preset input").input_value()
+        page.locator("#title").filter(has_text=chosen).wait_for()
+    finally:
+        context.close()

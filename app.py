@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chat.service import ChatService
     from chat.ui import CSS, build_ui
     from chat.ui.gradio_internals import UntestedGradio
+    from chat.ui.live import HEAD as LIVE_SCRIPT
     from chat.ui.style import HEAD, THEME
     from chat.web import routes
 
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.launch(
         css=CSS,
         theme=THEME,
-        head=HEAD,
+        head=HEAD + LIVE_SCRIPT,
         server_name=args.host,
         server_port=args.port,
         share=args.share,

@@ -9,6 +9,7 @@ The client sends JSON messages (chat/api_schema.py); every event the server send
     <- {"type": "done", "finish": "max_tokens"}                     or one {"type": "error", ...}
     -> {"type": "cancel", "id": "r1"}                               ends it as stopped_by_user
     -> {"type": "resume", "id": "r1", "after": 41}                  after a dropped connection
+    -> {"type": "watch", "id": "live-…", "after": 3}                follow a reply without owning it
 
 Each reply goes through the one reply pipeline (`ChatService.reply`) in a server-side task that
 writes its events into a `ReplyLog` (chat/reply_log.py); sockets only follow logs. So a connection
@@ -40,6 +41,7 @@ from chat.api_schema import (
     CancelRequest,
     ChatRequest,
     ResumeRequest,
+    WatchRequest,
     error_code,
     plain_validation_error,
 )
@@ -50,6 +52,7 @@ from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting
 log = logging.getLogger(__name__)
 
 MAX_RUNNING_PER_SOCKET = 8
+MAX_WATCHING_PER_SOCKET = 32  # a page follows its chat's reply and Compare's columns over one socket
 
 
 def stop_key(request_id: str) -> str:
@@ -117,7 +120,8 @@ class Connection:
         self.store = store
         self.grace_s = grace_s
         self._send_lock = asyncio.Lock()
-        self._forwarders: set[asyncio.Task[None]] = set()
+        self._forwarders: set[asyncio.Task[None]] = set()  # replies this socket started or resumed
+        self._watchers: set[asyncio.Task[None]] = set()  # replies it only follows
 
     async def serve(self) -> None:
         dropped = True
@@ -151,6 +155,8 @@ class Connection:
             elif isinstance(request, CancelRequest):
                 self.running_log(request.id)  # refuses ids that are not running
                 self.service.stop(stop_key(request.id))
+            elif isinstance(request, WatchRequest):
+                self.watch(request)
             else:
                 self.resume(request)
         except ChatError as exc:
@@ -184,20 +190,29 @@ class Connection:
             reply_log.abandon = None
         self.follow(reply_log, reply_log.position_after(request.after))
 
+    def watch(self, request: WatchRequest) -> None:
+        reply_log = self.store.get(request.id)
+        if reply_log is None:
+            raise ApiError("unknown_id", f"There is no running or recent reply with id {request.id!r}.")
+        if sum(1 for t in self._watchers if not t.done()) >= MAX_WATCHING_PER_SOCKET:
+            raise ApiError("busy", f"At most {MAX_WATCHING_PER_SOCKET} replies can be followed on one connection.")
+        self.follow(reply_log, reply_log.position_after(request.after), tasks=self._watchers)
+
     def running_log(self, request_id: str) -> ReplyLog:
         reply_log = self.store.get(request_id)
         if reply_log is None or not reply_log.running:
             raise ApiError("unknown_id", f"No reply with id {request_id!r} is running.")
         return reply_log
 
-    def follow(self, reply_log: ReplyLog, position: int) -> None:
+    def follow(self, reply_log: ReplyLog, position: int, tasks: set[asyncio.Task[None]] | None = None) -> None:
         async def forward() -> None:
             async for event in reply_log.follow(position):
                 await self.send(event)
 
         task = asyncio.get_running_loop().create_task(forward(), name=f"api forward {reply_log.id}")
-        self._forwarders.add(task)
-        task.add_done_callback(self._forwarders.discard)
+        tasks = self._forwarders if tasks is None else tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def send(self, event: dict[str, Any]) -> None:
         async with self._send_lock:
@@ -210,9 +225,10 @@ class Connection:
 
     async def close(self, dropped: bool) -> None:
         """Stop forwarding; abort this socket's replies now, or after `grace_s` if it dropped."""
-        for task in list(self._forwarders):
+        following = [*self._forwarders, *self._watchers]
+        for task in following:
             task.cancel()
-        await asyncio.gather(*self._forwarders, return_exceptions=True)
+        await asyncio.gather(*following, return_exceptions=True)
         for reply_log in self.store.owned_by(self):
             reply_log.owner = None
             if not dropped:
@@ -238,7 +254,7 @@ def routes(
     service: ChatService, *, allows: Callable[[HTTPConnection], bool] | None = None, grace_s: float = GRACE_S
 ) -> list[BaseRoute]:
     """The /chat WebSocket. `allows` (e.g. a login check) refuses connections it returns False for."""
-    store = ReplyStore()
+    store = service.logs
 
     async def chat_socket(websocket: WebSocket) -> None:
         if not same_origin(websocket) or (allows is not None and not allows(websocket)):

@@ -41,7 +41,15 @@ class ResumeRequest(_Strict):
     after: Annotated[int, Field(ge=-1)] = -1  # index of the last delta received
 
 
-Request = Annotated[ChatRequest | CancelRequest | ResumeRequest, Field(discriminator="type")]
+class WatchRequest(_Strict):
+    """Follow a reply without owning it: closing this socket leaves it running (the page's live text)."""
+
+    type: Literal["watch"]
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    after: Annotated[int, Field(ge=-1)] = -1  # index of the last delta already shown
+
+
+Request = Annotated[ChatRequest | CancelRequest | ResumeRequest | WatchRequest, Field(discriminator="type")]
 REQUEST = TypeAdapter(Request)
 
 
@@ -75,14 +83,14 @@ def plain_validation_error(exc: ValidationError) -> str:
     """Pydantic's first complaint about the request's shape, as one sentence."""
     error = exc.errors()[0]
     loc = [str(part) for part in error["loc"]]
-    if loc and loc[0] in ("chat", "cancel", "resume"):
+    if loc and loc[0] in ("chat", "cancel", "resume", "watch"):
         loc = loc[1:]  # the union's tag, not part of the JSON
     where = ".".join(loc)
     kind = error["type"]
     if kind == "union_tag_invalid":
-        return f"Unknown request type {error['input'].get('type')!r}; the types are chat, cancel and resume."
+        return f"Unknown request type {error['input'].get('type')!r}; the types are chat, cancel, resume and watch."
     if kind in ("union_tag_not_found", "model_attributes_type", "model_type") and not loc:
-        return 'Send a JSON object with a "type" of chat, cancel or resume.'
+        return 'Send a JSON object with a "type" of chat, cancel, resume or watch.'
     if kind == "missing":
         return f'The request is missing "{where}".'
     if kind == "extra_forbidden":

@@ -30,6 +30,7 @@ from chat.history import to_model_messages
 from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
+from chat.reply_log import ReplyStore
 from chat.sampling import Sampling
 from chat.stream import Reply, paced
 
@@ -114,6 +115,7 @@ class ChatService:
     default_preset: str
     has_gpu: bool = False
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
+    logs: ReplyStore = field(default_factory=ReplyStore)  # replies that sockets follow: the API's and the pages'
     _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
 
     # --- presets ---------------------------------------------------------------------------

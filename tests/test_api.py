@@ -162,7 +162,7 @@ async def test_mistakes_get_their_sentence_and_the_socket_keeps_serving(app_serv
          "\"messages.0.role\": Input should be 'user', 'assistant' or 'system'."),
         (json.dumps({"type": "chat", "id": "m8", "messages": [*hi, {"role": "assistant", "content": "Hello"}]}),
          "bad_request", 'The last message must be the user\'s new message (role "user").'),
-        (json.dumps({"type": "hello"}), "bad_request", "Unknown request type 'hello'; the types are chat, cancel and resume."),
+        (json.dumps({"type": "hello"}), "bad_request", "Unknown request type 'hello'; the types are chat, cancel, resume and watch."),
         (json.dumps({"type": "resume", "id": "never-sent"}), "unknown_id",
          "There is no running or recent reply with id 'never-sent'; send the chat request again."),
     ]
@@ -352,3 +352,22 @@ def test_the_requirements_install_what_the_websocket_route_needs():
     for name in ("requirements.txt", "requirements-cpu.txt"):
         lines = (ROOT / name).read_text().splitlines()
         assert any(line.split(">")[0].split("=")[0].strip() in ("websockets", "wsproto") for line in lines), name
+
+
+async def test_a_watcher_follows_a_reply_and_leaving_does_not_stop_it(app_server):
+    """What the page's live.js does: follow a reply it does not own, from the delta it has."""
+    async with websockets.connect(websocket_url(app_server.url)) as owner:
+        await owner.send(chat("watched", "Count from one to thirty in words.", sampling={"max_tokens": 60}))
+        async with asyncio.timeout(60):
+            while json.loads(await owner.recv())["type"] != "delta":
+                pass
+        async with websockets.connect(websocket_url(app_server.url)) as watcher:
+            await watcher.send(json.dumps({"type": "watch", "id": "watched", "after": 0}))
+            first = json.loads(await watcher.recv())
+            assert first["type"] == "delta" and first["index"] == 1, "it picks up after the delta it had"
+        # The watcher left cleanly (a close frame): the reply, which it does not own, goes on.
+        events = await events_of(owner, "watched")
+        assert events[-1]["type"] == "done" and events[-1]["finish"] in ("max_tokens", "finished"), events[-1]
+        async with websockets.connect(websocket_url(app_server.url)) as late:
+            await late.send(json.dumps({"type": "watch", "id": "nobody"}))
+            assert (await next_error(late))["code"] == "unknown_id"

@@ -15,8 +15,9 @@ import gradio as gr
 from chat.errors import ChatError
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
-from chat.service import ChatService, ReplyRequest
+from chat.service import ChatService, ReplyRequest, Writing
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
+from chat.ui.live import LiveText, is_browser
 from chat.ui.messages import conversation_file, event_messages
 from chat.ui.preset_card import preset_card
 
@@ -99,9 +100,18 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
             message, history, preset=preset_name, system_prompt=system_prompt,
             sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
         )
-        async with contextlib.aclosing(service.reply(ask)) as events:
-            async for event in events:
-                yield event_messages(event)
+        live = LiveText(service.logs) if is_browser(request) else None
+        try:
+            async with contextlib.aclosing(service.reply(ask)) as events:
+                async for event in events:
+                    if live is not None and isinstance(event, Writing):
+                        live.write(event.reply.text)
+                        if not live.redraw_due():
+                            continue
+                    yield event_messages(event, live)
+        finally:
+            if live is not None:
+                live.end()
 
     name_knob_parameters(respond)
 

@@ -20,6 +20,7 @@ from chat.history import text_of
 from chat.service import Finished, ReplyEvent, Waiting, Writing
 from chat.stats import ReplyStats
 from chat.stream import Reply
+from chat.ui.live import LiveText
 
 STATS = "📊"
 WAITING = "⏳"
@@ -52,10 +53,14 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
     return messages
 
 
-def event_messages(event: ReplyEvent) -> list[gr.ChatMessage]:
-    """A reply as it stands after one event of the pipeline: its text, and the line beneath it."""
+def event_messages(event: ReplyEvent, live: LiveText | None = None) -> list[gr.ChatMessage]:
+    """A reply as it stands after one event of the pipeline: its text, and the line beneath it.
+    With `live`, the page's script shows the text that arrives after this redraw (chat/ui/live.py)."""
     if isinstance(event, Waiting):
         return [annotation(f"{WAITING} {event.status}", pending=True)]
+    if isinstance(event, Writing) and live is not None:
+        body = shown_text(live.drawn(event.reply.text)) + live.placeholder()
+        return [gr.ChatMessage(role="assistant", content=body), annotation(f"{WAITING} {event.line()}", pending=True)]
     if isinstance(event, Writing):
         return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))
     if isinstance(event, Finished):

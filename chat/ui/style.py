@@ -64,6 +64,10 @@ CSS = """
                         padding: 12px; background: var(--background-fill-primary); }
   #settings-open, #chat-settings.open #settings-header { display: flex; }
   #chat-header { flex-wrap: nowrap; align-items: flex-start; }
+  /* Room for the message box on the first screen: the preset's description is on its card in
+     Settings, and the chat takes what is left. */
+  #title p { display: none; }
+  #chatbot { min-height: 240px !important; height: 40vh !important; }
 }
 /* Stop only while a reply is on its way: the message box is disabled, or a line beneath a reply
    is still busy (waiting for the engine, writing). */

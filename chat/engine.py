@@ -267,9 +267,11 @@ class Engine:
         request_id: str,
         on_unload: Callable[[str], None],
         ignore_eos: bool = False,
+        priority: int = 0,
     ) -> AsyncGenerator[Chunk, None]:
         """Stream one request's output. Refuses with EngineBusy when too many are in flight.
 
+        `priority` is vLLM's (lower first), used where the preset sets `scheduling_policy: priority`.
         `on_unload(reason)` is called if the engine is unloaded under the request. Closing or
         cancelling the iterator aborts the request in vLLM. Raises EngineFailed when the engine's
         process died (it is then restarted) and EngineError when vLLM failed this request.
@@ -283,7 +285,7 @@ class Engine:
         self._streams[request_id] = on_unload
         generated = 0
         try:
-            async with contextlib.aclosing(llm.generate(prompt.rendered, params, request_id)) as outputs:
+            async with contextlib.aclosing(llm.generate(prompt.rendered, params, request_id, priority=priority)) as outputs:
                 async for out in outputs:
                     completion = out.outputs[0]
                     generated += len(completion.token_ids)

@@ -50,6 +50,9 @@ class ReplyRequest:
     sampling: Mapping[str, object] | Sampling = field(default_factory=dict)  # missing knobs take the preset's defaults
     stop_key: str | None = None  # `ChatService.stop(key)` stops every reply given this key
     submitted_at: float = field(default_factory=time.monotonic)
+    # vLLM's scheduling priority, lower first; only engines whose preset sets `scheduling_policy:
+    # priority` use it (the capacity test sends its synthetic users at a higher number).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ class ChatService:
                 submitted_at=now,
                 # Time spent waiting for the engine to start is reported apart from time to first token.
                 engine_wait_s=max(now - request.submitted_at, 0.0),
+                priority=request.priority,
             )
             if ticket.stopped:
                 reply.stop()

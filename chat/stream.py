@@ -47,6 +47,7 @@ class Reply:
         submitted_at: float | None = None,
         idle_timeout_s: float | None = None,
         engine_wait_s: float = 0.0,
+        priority: int = 0,
     ) -> None:
         self.engine = engine
         self.preset = preset
@@ -55,6 +56,7 @@ class Reply:
         self.request_id = request_id or f"chat-{uuid.uuid4().hex}"
         self.submitted_at = time.monotonic() if submitted_at is None else submitted_at
         self.engine_wait_s = engine_wait_s
+        self.priority = priority  # vLLM's, lower first (ReplyRequest.priority)
         self.idle_timeout_s = idle_timeout_s or preset.timeout_s or DEFAULT_IDLE_TIMEOUT_S
         self.total_timeout_s = max(TOTAL_TIMEOUT_S, self.idle_timeout_s)
         self.text = ""
@@ -100,6 +102,7 @@ class Reply:
         chunks = engine.generate(
             prompt, self.sampling, max_tokens=max_tokens, request_id=self.request_id,
             on_unload=lambda reason: self._end(Finish.UNLOADED, reason), ignore_eos=self.preset.ignore_eos,
+            priority=self.priority,
         )
         if self._ended_by is not None:  # stopped while the prompt was being prepared
             self.stats = self._stats(self._ended_by)

@@ -64,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("Preset unavailable: %s", problem)
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
     from chat import metrics
+    from chat.admin import Admins
     from chat.auth import Login
     from chat.engine import on_cpu
-    from chat.errors import PresetError
+    from chat.errors import ChatError, PresetError
     from chat.monitor import Monitor
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chat.ui.gradio_internals import UntestedGradio
     from chat.ui.live import HEAD as LIVE_SCRIPT
     from chat.ui.style import HEAD, THEME
+    from chat.votes import VoteStore
     from chat.web import routes
 
     budget = args.memory_budget_gb
@@ -86,8 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget = budget or 1.0
     try:
         login = Login.parse(args.auth)
+        admins = Admins.parse(args.admins, local=args.admin_local, login=login)
     except ValueError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    try:
+        store = VoteStore(args.votes_db)
+    except ChatError as exc:
+        print(exc.message, file=sys.stderr)
         return 2
     registry = EngineRegistry(memory_budget=budget, max_waiting=args.max_waiting)
     try:
@@ -100,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     monitor = Monitor(registry)
     try:
-        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None)
+        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins)
     except UntestedGradio as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -115,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for task in background:
             task.cancel()
         await registry.close_all()
+        store.close()
 
     signal.signal(signal.SIGTERM, _interrupt)
     atexit.register(_end_children)

@@ -48,6 +48,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Most replies written at once; 0 means no limit, so vLLM batches every user together.", int),
     Setting("auth", ("CHAT_AUTH",), "",
             "Require a login for the UI and the API: user:password, several separated by commas. Off by default."),
+    Setting("admins", ("CHAT_ADMINS",), "",
+            "User names from --auth, separated by commas, who may reset the leaderboard's votes and run capacity "
+            "tests. Off by default."),
+    Setting("admin_local", ("CHAT_ADMIN_LOCAL",), False,
+            "Make anyone connecting from this machine (127.0.0.1 or ::1) an administrator. Off by default; leave it "
+            "off behind a reverse proxy on the same machine, where every visitor connects from there.", bool),
     Setting("max_waiting", ("CHAT_MAX_WAITING",), 256,
             "Requests that may wait for a free engine slot; beyond it new ones are refused at once with a busy message.",
             int),

@@ -112,7 +112,10 @@ class RunningApp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240) -> RunningApp:
+def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240,
+              engine_ready: bool = True) -> RunningApp:
+    """app.py on a free port, returned once healthy (or, with engine_ready=False, once it serves
+    pages while its engine may still be starting)."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = OUTPUT / f"{name}-{port}.log"  # concurrent test runs must not share a log
@@ -131,7 +134,7 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
             raise RuntimeError(f"app.py exited with {process.returncode}:\n{app.log_tail()}")
         try:
             status, _ = app.health()
-            if status == 200:
+            if status == 200 or (status == 503 and not engine_ready):
                 return app
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
             pass
@@ -194,8 +197,9 @@ def nothing_left_behind(request):
 
 
 @pytest.fixture(scope="session")
-def app_server() -> Iterator[RunningApp]:
-    app = start_app("app", "--resume-grace-s", str(RESUME_GRACE_S))
+def app_server(tmp_path_factory) -> Iterator[RunningApp]:
+    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"  # never the votes of the machine's own demo
+    app = start_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(votes))
     yield app
     stop_app(app)
 

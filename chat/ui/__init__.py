@@ -1,35 +1,81 @@
-"""The browser UI (the only package that imports Gradio): Chat, Compare and Monitor tabs.
+"""The browser UI (the only package that imports Gradio): Chat, Compare, Leaderboard and Monitor
+tabs, and Capacity for administrators.
 
 `CSS` (chat/ui/style.py) goes to `demo.launch(css=...)`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
+from chat.admin import Admins
+from chat.capacity_run import CapacityLab
 from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui import gradio_internals
+from chat.ui.capacity_tab import capacity_tab
 from chat.ui.chat_tab import chat_tab
 from chat.ui.compare_tab import compare_tab
+from chat.ui.leaderboard_tab import Standings, leaderboard_tab
 from chat.ui.monitor_tab import monitor_tab
 from chat.ui.reply_api import reply_api
 from chat.ui.style import CSS
+from chat.votes import VoteStore
 
 __all__ = ["CSS", "build_ui"]
 
+BANNER_REFRESH_S = 5.0  # how soon every page notices that a capacity test started or ended
+QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+
+
 def build_ui(
-    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None
+    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None,
+    store: VoteStore | None = None, admins: Admins | None = None,
 ) -> gr.Blocks:
+    """The page. Without a vote store, votes last only in the page and there is no Leaderboard tab;
+    without anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
     gradio_internals.install()
+    admins = admins or Admins()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
-        with gr.Tabs() as tabs:
+        lab = CapacityLab(service) if admins.anyone_can_be else None
+        if lab is not None:
+            capacity_banner(lab)
+        # "wrap": on a phone the tabs take a second row rather than hiding in a "⋯" menu.
+        with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, concurrency_limit=concurrency_limit)
             with gr.Tab("Compare", id="compare"):
-                compare_tab(service, demo, tabs)
+                compare = compare_tab(service, demo, tabs, store)
+            if store is not None:
+                with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_page:
+                    board = leaderboard_tab(Standings(store), admins, demo)
+                follow = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
+                leaderboard_page.select(board.refresh, [board.include_revealed], board.outputs, **follow)
+                for vote in compare.vote_events:  # a vote changes the ranking: show it at once
+                    vote.then(board.refresh, [board.include_revealed], board.outputs, **follow)
             with gr.Tab("Monitor", id="monitor"):
                 monitor_tab(monitor)
+            if lab is not None:
+                with gr.Tab("Capacity", id="capacity", visible=False) as capacity_page:
+                    capacity_tab(service, lab, admins)
+
+                def show_capacity(request: gr.Request) -> Any:  # hidden from others; its events check again
+                    return gr.Tab(visible=admins.allows_request(request))
+
+                demo.load(show_capacity, None, [capacity_page], **QUIET)
         reply_api(service)
     gradio_internals.enable_queue(demo)
     return demo
+
+
+def capacity_banner(lab: CapacityLab) -> None:
+    """A line at the top of every page while a capacity test runs (replies may be slower then)."""
+    banner = gr.Markdown("", visible=False, elem_id="capacity-banner")
+
+    def say_if_testing() -> Any:
+        text = lab.banner()
+        return gr.Markdown(f"⏱ {text}", visible=True) if text else gr.Markdown(visible=False)
+
+    gr.Timer(BANNER_REFRESH_S).tick(say_if_testing, None, [banner], **QUIET)

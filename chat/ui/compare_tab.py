@@ -2,7 +2,8 @@
 
 One event writes every column (`chat.fanout`, through the reply pipeline); the record (turns,
 replies, stats, votes) lives in `chat.compare`, the summary and exports in `chat.compare_report`,
-the share link in `chat.share_link`; this module only draws.
+the share link in `chat.share_link`, and every vote is also kept in the app's `chat.votes` store for
+the leaderboard; this module only draws. Programs vote through the `/vote` endpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from chat import ballot
 from chat.compare import LABELS, MAX_COLUMNS, ComparedReply, Comparison
 from chat.compare_report import summarize, write_exports
 from chat.errors import ChatError, InputError
@@ -29,6 +31,7 @@ from chat.service import ChatService, ReplyRequest, check_text
 from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
+from chat.votes import VoteStore
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +127,10 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
 class CompareTab:
     """The tab's components, and its events as methods (each returns updates keyed by component)."""
 
-    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs) -> None:
+    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> None:
         self.service = service
+        self.store = store  # where votes last (None: in this page only)
+        self.vote_events: list[Any] = []  # each vote button's event, for the leaderboard to follow
         self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
         self.writing: set[str] = set()  # sessions writing replies now (one comparison turn at a time)
         names = service.preset_names()
@@ -182,6 +187,9 @@ class CompareTab:
         self.link = gr.Textbox(label="Share link: opens this setup (presets, settings, prompt)", interactive=False,
                                buttons=["copy"], elem_id="compare-link")
         self.link_query = gr.Textbox(visible=False)
+        # /vote for programs: the choice and turn as plain values, the answer as JSON.
+        self.api_choice, self.api_turn = gr.Textbox(visible=False), PlainNumber(visible=False)
+        self.api_answer, self.api_vote = gr.JSON(visible=False), gr.Button(visible=False)
         self.wire()
 
     @property
@@ -203,7 +211,9 @@ class CompareTab:
             button.click(self.rerun_in(column), [self.board, self.rerun_turn], self.outputs,
                          api_visibility="undocumented", **streaming)
         for index, button in enumerate(self.votes):
-            button.click(self.vote_for(index), [self.board], self.outputs, **quick)
+            self.vote_events.append(button.click(self.vote_for(index), [self.board], self.outputs, **quick))
+        self.api_vote.click(self.vote_api, [self.board, self.api_choice, self.api_turn], [self.board, self.api_answer],
+                            api_name="vote", concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_all, None, None, **quick)
         self.new.click(self.start_over, [self.board, self.picked, self.blind], self.outputs, **quick)
         self.picked.input(self.pick, [self.picked, self.blind, self.slot_names, *self.knobs],
@@ -345,22 +355,34 @@ class CompareTab:
 
         return rerun
 
-    def vote_for(self, index: int) -> Callable[[Board], dict[Any, Any]]:
-        def vote(board: Board) -> dict[Any, Any]:
+    def vote_for(self, index: int) -> Callable[[Board, gr.Request], Any]:
+        async def vote_button(board: Board, request: gr.Request) -> dict[Any, Any]:
             comparison = board.comparison
             options = comparison.vote_options() if comparison else []
             try:
                 if comparison is None or index >= len(options):
                     raise InputError("Send a prompt first, then vote on the replies.")
-                cast = comparison.vote(options[index][1])
+                cast = await ballot.cast(comparison, options[index][1], request.session_hash or "", self.store)
             except ChatError as exc:
                 return {self.status: f"{PROBLEM} {exc.message}"}
-            said = f"You voted “{comparison.vote_text(cast)}” on turn {len(comparison.turns)}."
-            names = "; ".join(f"{c.label} was {c.preset}" for c in comparison.columns)
-            return {self.status: f"{said} {names}." if cast.blind else said, **self.headings_of(comparison, [], False),
+            return {self.status: ballot.said(comparison, cast), **self.headings_of(comparison, [], False),
                     **self.chats(comparison), **self.after_turn(board)}
 
-        return vote
+        return vote_button
+
+    async def vote_api(self, board: Board, choice: Any, turn: Any, request: gr.Request) -> dict[Any, Any]:
+        """Vote on the latest turn of this session's comparison (made with /compare): `choice` is a
+        column's label (A, B, …), "tie" or "bad", or a vote button's words; `turn` is that turn's
+        number, or empty. Answers {ok, choice, turn, blind, message} or {ok: false, error}."""
+        comparison = board.comparison
+        try:
+            value = ballot.choice_of(comparison, choice, turn)
+            assert comparison is not None
+            cast = await ballot.cast(comparison, value, request.session_hash or "", self.store)
+        except ChatError as exc:
+            return {self.board: board, self.api_answer: {"ok": False, "error": exc.message}}
+        return {self.board: board, self.api_answer: {"ok": True, "choice": cast.choice, "turn": len(comparison.turns),
+                                                     "blind": cast.blind, "message": ballot.said(comparison, cast)}}
 
     async def stop_all(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
         self.service.stop(stop_key(request.session_hash or ""))
@@ -414,5 +436,5 @@ def stop_key(session: str) -> str:
     return f"compare:{session}"
 
 
-def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs) -> CompareTab:
-    return CompareTab(service, demo, tabs)
+def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> CompareTab:
+    return CompareTab(service, demo, tabs, store)

@@ -1,0 +1,121 @@
+"""Administrators in a real browser: the Capacity tab runs a short test on the embedded model, with
+progress, a table, a chart and exports, while every other page says a test is running; a signed-in
+user who is not an administrator sees neither Capacity nor Reset, and the server refuses both when
+asked directly. One app for the module, with a login (`--auth`) and one administrator (`--admins`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+
+from chat.admin import NOT_ADMIN
+from tests.conftest import OUTPUT, start_app, stop_app
+from tests.test_browser_compare import set_number
+
+pytestmark = pytest.mark.browser
+
+ADMIN, GUEST = ("admin", "a-secret"), ("guest", "g-secret")
+PRESET = "SmolLM2 135M (CPU)"
+
+
+@pytest.fixture(scope="module")
+def admin_app(tmp_path_factory):
+    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
+    app = start_app("admin", "--auth", "admin:a-secret,guest:g-secret", "--admins", "admin", "--votes-db", str(votes))
+    yield app
+    stop_app(app)
+
+
+@pytest.fixture
+def signed_in(browser, admin_app):
+    contexts = []
+
+    def open_as(account: tuple[str, str]):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        contexts.append(context)
+        response = context.request.post(admin_app.url + "login", form={"username": account[0], "password": account[1]})
+        assert response.ok, response.status
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(admin_app.url)
+        page.get_by_role("tab", name="Leaderboard").wait_for()
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+def test_an_administrator_runs_a_capacity_test_while_other_pages_say_so(signed_in, admin_app):
+    guest = signed_in(GUEST)
+    page = signed_in(ADMIN)
+    page.get_by_role("tab", name="Capacity").click()
+    page.locator("#capacity-run").wait_for()
+    for selector, value in (("#capacity-users", "2"), ("#capacity-step", "3"), ("#capacity-prompt", "32"),
+                            ("#capacity-reply", "16")):
+        set_number(page, f"{selector} input[type=number]", value)
+    page.locator("#capacity-run").click()
+    page.wait_for_function("document.querySelector('#capacity-progress')?.innerText.includes('Step 1 of 2')")
+    guest.locator("#capacity-banner").wait_for(state="visible", timeout=15_000)  # the banner looks every 5 s
+    assert "A capacity test is running on SmolLM2 135M (CPU)" in guest.locator("#capacity-banner").inner_text()
+    page.wait_for_function("document.querySelector('#capacity-progress')?.innerText.includes('The capacity test finished')",
+                           timeout=60_000)
+    verdicts = page.locator("#capacity-verdicts").inner_text()
+    assert verdicts.startswith(f"{PRESET}: ") and "95th percentile time to first token under 800 ms" in verdicts, verdicts
+    rows = [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
+            for row in page.locator("#capacity-table div[role=row]").all()]
+    rows = [row for row in rows if row]
+    assert [(row[0], row[1]) for row in rows] == [(PRESET, "1"), (PRESET, "2")], rows
+    assert all(row[2] in ("yes", "no") and float(row[4]) >= float(row[3]) > 0 and float(row[6]) > 0 for row in rows), rows
+    texts = page.locator("#capacity-chart svg text").all_text_contents()
+    assert "target 800 ms" in texts and any("cores" in text for text in texts)
+    page.screenshot(path=str(OUTPUT / "capacity.png"), full_page=True)
+
+    with page.expect_download() as download:
+        page.locator("#capacity-export-json").click()
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert data["plan"]["users"] == [1, 2] and data["plan"]["step_s"] == 3
+    assert data["presets"][PRESET]["engine"]["max_num_seqs"] == 64 and data["machine"]["versions"]["gradio"]
+    with page.expect_download() as download:
+        page.locator("#capacity-export-csv").click()
+    table = Path(download.value.path()).read_text(encoding="utf-8")
+    assert [row["users"] for row in csv.DictReader(io.StringIO(table))] == ["1", "2"]
+    with page.expect_download() as download:
+        page.locator("#capacity-png").click()
+    assert Path(download.value.path()).read_bytes().startswith(b"\x89PNG")
+    guest.locator("#capacity-banner").wait_for(state="hidden", timeout=15_000)
+
+
+def test_someone_who_is_not_an_administrator_sees_no_capacity_or_reset_and_is_refused(signed_in, admin_app):
+    page = signed_in(GUEST)
+    page.get_by_role("tab", name="Leaderboard").click()
+    page.locator("#leaderboard-summary").wait_for()
+    assert page.get_by_role("tab", name="Capacity").count() == 0
+    assert page.locator("#leaderboard-admin").is_hidden()
+    client = Client(admin_app.url, auth=GUEST, verbose=False)
+    refused = client.predict(PRESET, "(none)", 2, 3, 32, 16, "95th percentile time to first token", 800,
+                             api_name="/capacity")
+    assert refused[0] == f"⚠️ {NOT_ADMIN}", refused
+    assert client.predict(api_name="/capacity_stop") == f"⚠️ {NOT_ADMIN}"
+    assert f"⚠️ {NOT_ADMIN}" in client.predict(False, api_name="/delete")
+
+
+def test_an_administrator_can_reset_the_votes(signed_in, admin_app):
+    client = Client(admin_app.url, auth=ADMIN, verbose=False)
+    client.predict([PRESET, "SmolLM2 135M (CPU, deterministic)"], True, "Say yes.", *[0.0, 0.9, 0, 4, 1.1, 1] * 4,
+                   api_name="/compare")
+    assert client.predict("tie", None, api_name="/vote")["ok"]
+    assert client.predict(False, api_name="/leaderboard")["votes_stored"] == 1
+    page = signed_in(ADMIN)
+    page.get_by_role("tab", name="Leaderboard").click()
+    page.locator("#leaderboard-reset").click()
+    page.wait_for_function("document.querySelector('#leaderboard-status')?.innerText.includes('cannot be undone')")
+    page.locator("#leaderboard-reset-confirm").click()
+    page.wait_for_function("document.querySelector('#leaderboard-status')?.innerText === 'Deleted 1 vote.'")
+    assert "No blind votes yet" in page.locator("#leaderboard-summary").inner_text()
+    assert client.predict(False, api_name="/leaderboard")["votes_stored"] == 0

@@ -1,0 +1,74 @@
+"""The Leaderboard tab in a real browser: a blind vote in Compare shows up ranked, with its chart and
+exports; the shared app names no administrator, so Reset is nowhere to be seen."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import OUTPUT
+from tests.test_browser_compare import CREATIVE, DETERMINISTIC, set_number, watch_columns
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def page(browser, app_server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_server.url)
+    page.get_by_role("tab", name="Compare").wait_for()
+    yield page
+    context.close()
+
+
+def table_rows(page) -> list[list[str]]:
+    return [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
+            for row in page.locator("#leaderboard-table div[role=row]").all()]
+
+
+def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare-blind input").check()
+    page.locator("#compare-settings").get_by_text("Settings per preset").click()
+    for slot in (0, 1):
+        set_number(page, f"#compare-knob-{slot}-max_tokens input[type=number]", "12")
+    prompt = "Name one fruit for the leaderboard."
+    page.locator("#compare-prompt textarea").fill(prompt)
+    page.locator("#compare-prompt textarea").press("Enter")
+    watch_columns(page)
+    page.locator("#compare-vote-0").click()
+    page.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('You voted')")
+
+    page.get_by_role("tab", name="Leaderboard").click()
+    page.wait_for_function("document.querySelectorAll('#leaderboard-chart svg g.row').length === 2")
+    rows = table_rows(page)
+    assert {row[1] for row in rows} == {CREATIVE, DETERMINISTIC}, rows
+    assert int(rows[0][2]) >= int(rows[1][2]), "best first"
+    assert all(row[5].count("·") == 2 and row[6].endswith("%") for row in rows), rows
+    summary = page.locator("#leaderboard-summary").inner_text()  # other tests may have voted on this app too
+    assert re.search(r"\d+ blind votes? ranked, over 2 presets", summary), summary
+    assert "read this ranking as a first hint" in summary, summary
+    labels = page.locator("#leaderboard-chart svg text.label").all_text_contents()
+    assert set(labels) == {CREATIVE, DETERMINISTIC}
+    assert page.locator("#leaderboard-admin").is_hidden(), "no administrator on this app: no Reset"
+    page.screenshot(path=str(OUTPUT / "leaderboard.png"), full_page=True)
+
+    with page.expect_download() as download:
+        page.locator("#leaderboard-export-votes-json").click()
+    data = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    mine = [vote for vote in data["votes"] if vote["prompt"] == prompt]
+    assert len(mine) == 1 and mine[0]["blind"] and mine[0]["choice"] == "A"
+    assert all(column["stats"]["generated_tokens"] <= 12 for column in mine[0]["columns"])
+    with page.expect_download() as download:
+        page.locator("#leaderboard-export-leaderboard-csv").click()
+    assert download.value.suggested_filename == "leaderboard.csv"
+    assert CREATIVE in Path(download.value.path()).read_text(encoding="utf-8")
+    with page.expect_download() as download:
+        page.locator("#leaderboard-png").click()
+    png = Path(download.value.path()).read_bytes()
+    assert download.value.suggested_filename == "leaderboard.png" and png.startswith(b"\x89PNG")

@@ -1,0 +1,96 @@
+"""Votes through the running app's Gradio API: kept across a restart, none lost when several sessions
+vote at once, and refused with a sentence when there is nothing to vote on, twice, or malformed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from gradio_client import Client
+
+from tests.conftest import start_app, stop_app
+
+pytestmark = pytest.mark.app
+
+CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
+
+
+def compare(client: Client, prompt: str, blind: bool = True, max_tokens: int = 6) -> None:
+    """One finished turn of a comparison in this client's session (the /compare endpoint's inputs:
+    presets, blind, prompt, then six settings for each of four preset slots)."""
+    slot = [0.0, 0.9, 0, max_tokens, 1.1, 1]
+    client.predict([CREATIVE, DETERMINISTIC], blind, prompt, *slot * 4, api_name="/compare")
+
+
+def vote(client: Client, choice: object, turn: object = None) -> dict:
+    return client.predict(choice, turn, api_name="/vote")
+
+
+def stored(client: Client) -> dict:
+    return client.predict(False, api_name="/leaderboard")
+
+
+def test_several_sessions_voting_at_once_lose_no_vote(app_server):
+    sessions = [Client(app_server.url, verbose=False) for _ in range(4)]
+    before = stored(sessions[0])["votes_stored"]
+    threads = [threading.Thread(target=compare, args=(client, f"Name a colour, number {i}.")) for i, client in enumerate(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    start = threading.Barrier(len(sessions))
+    answers: list[dict] = []
+
+    def cast(client: Client, choice: str) -> None:
+        start.wait(30)
+        answers.append(vote(client, choice))
+
+    voters = [threading.Thread(target=cast, args=(client, choice)) for client, choice in zip(sessions, "AB", strict=False)]
+    voters += [threading.Thread(target=cast, args=(client, choice)) for client, choice in zip(sessions[2:], ("tie", "bad"), strict=True)]
+    for voter in voters:
+        voter.start()
+    for voter in voters:
+        voter.join(60)
+    assert len(answers) == 4 and all(answer["ok"] for answer in answers), answers
+    assert all(answer["blind"] and answer["turn"] == 1 for answer in answers)
+    assert {answer["choice"] for answer in answers} == {"A", "B", "tie", "bad"}
+    board = stored(sessions[0])
+    assert board["votes_stored"] == before + 4
+    assert {s["preset"] for s in board["standings"]} == {CREATIVE, DETERMINISTIC}
+
+
+def test_votes_with_nothing_to_vote_on_twice_or_malformed_are_refused_with_a_sentence(app_server):
+    client = Client(app_server.url, verbose=False)
+    assert vote(client, "A") == {"ok": False,
+                                 "error": "There is no comparison in this session to vote on; run one with /compare first."}
+    compare(client, "Say hello.", blind=False)
+    for choice, turn, error in [
+        ("Z", None, "Vote with one of: A, B, tie, bad; 'Z' is not one."),
+        (None, None, "Vote with one of: A, B, tie, bad; None is not one."),
+        ("A", "first", "The turn must be a whole number; the latest turn is 1."),
+        ("A", 7, "Only the latest turn (1) can be voted on; turn 7 is not it."),
+    ]:
+        assert vote(client, choice, turn) == {"ok": False, "error": error}
+    first = vote(client, "B", 1)
+    assert first["ok"] and not first["blind"] and first["message"] == "You voted “B is better” on turn 1."
+    assert vote(client, "A") == {"ok": False, "error": "You have voted on turn 1; send another prompt to vote again."}
+
+
+def test_votes_survive_a_restart_of_the_app(tmp_path):
+    votes_db = tmp_path / "votes.sqlite3"
+    app = start_app("votes-before", "--votes-db", str(votes_db))
+    try:
+        client = Client(app.url, verbose=False)
+        compare(client, "Write one word about the sea.")
+        assert vote(client, "A")["ok"]
+        assert stored(client)["votes_stored"] == 1
+    finally:
+        stop_app(app)
+    app = start_app("votes-after", "--votes-db", str(votes_db), engine_ready=False)  # votes need no engine
+    try:
+        board = stored(Client(app.url, verbose=False))
+        assert board["votes_stored"] == 1 and board["votes_counted"] == 1
+        assert sorted(s["preset"] for s in board["standings"]) == [CREATIVE, DETERMINISTIC]
+        assert sum(s["wins"] for s in board["standings"]) == 1
+    finally:
+        stop_app(app)

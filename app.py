@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in catalog.problems.values():
         log.warning("Preset unavailable: %s", problem)
     # Heavy imports (vLLM, Gradio) only once we know we will serve.
+    from starlette.middleware import Middleware
+    from starlette.middleware.gzip import GZipMiddleware
+
     from chat import metrics
     from chat.admin import Admins
     from chat.auth import Login
@@ -140,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
         # Our handlers are async, so the slots cost no threads.
         max_threads=QUEUE_SLOTS,
-        app_kwargs={"lifespan": lifespan, "routes": [*routes(service, login, grace_s=args.resume_grace_s), *metrics.routes(login)]},
+        # Gradio compresses its scripts but not the page itself (its config: ~340 KB, ~30 KB gzipped).
+        # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
+        app_kwargs={"middleware": [Middleware(GZipMiddleware, minimum_size=1024)], "lifespan": lifespan, "routes": [*routes(service, login, grace_s=args.resume_grace_s), *metrics.routes(login)]},
     )
     return 0
 

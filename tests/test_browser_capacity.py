@@ -113,6 +113,10 @@ def test_an_administrator_can_reset_the_votes(signed_in, admin_app):
     assert client.predict(False, api_name="/leaderboard")["votes_stored"] == 1
     page = signed_in(ADMIN)
     page.get_by_role("tab", name="Leaderboard").click()
+    with page.expect_download() as download:  # the votes, with the visitors' prompts, are the administrators'
+        page.locator("#leaderboard-export-votes-json").click()
+    (vote,) = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))["votes"]
+    assert vote["prompt"] == "Say yes." and vote["choice"] == "tie"
     page.locator("#leaderboard-reset").click()
     page.wait_for_function("document.querySelector('#leaderboard-status')?.innerText.includes('cannot be undone')")
     page.locator("#leaderboard-reset-confirm").click()

@@ -30,7 +30,7 @@ def service(registry, default_preset):
 def two_slots(registry, tmp_path_factory):
     """A preset of the embedded model with two slots, priority scheduling and fixed reply lengths."""
     folder = tmp_path_factory.mktemp("presets")
-    small_preset(folder, PRIORITY_PRESET, ignore_eos=True,
+    small_preset(folder, PRIORITY_PRESET, ignore_eos=True, timeout_s=600,  # waiting for a slot is not idleness
                  engine={"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 268435456,
                          "enforce_eager": True, "max_num_seqs": 2, "scheduling_policy": "priority"})
     return ChatService(load_presets(folder), registry, PRIORITY_PRESET)

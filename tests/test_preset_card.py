@@ -95,7 +95,7 @@ def test_the_technical_details_fold_opens_in_the_browser(browser, default_preset
         card.locator("summary").wait_for()
         assert card.locator("summary").inner_text() == "Technical details"
         assert card.get_by_text("Runs on this computer's processor").is_visible()
-        engine_line = card.locator("details li").first
+        engine_line = card.locator("details li").filter(has_text="max_model_len")
         assert not engine_line.is_visible(), "the engine settings start folded away"
         card.locator("summary").click()
         engine_line.wait_for(state="visible")

@@ -35,8 +35,9 @@ INTRO = (
 EMPTY = "No blind votes yet. Compare two presets in the **Compare** tab with **Blind** on and vote: the ranking appears here."
 COLUMNS = ["Rank", "Preset", "Rating", "95% interval", "Votes", "Won · tied · lost", "Win rate",
            "Median first token (ms)", "Median tokens/s"]
-DOWNLOADS = (("votes", "csv", "Votes CSV"), ("votes", "json", "Votes JSON"),
-             ("leaderboard", "csv", "Table CSV"), ("leaderboard", "json", "Table JSON"))
+# The votes hold every visitor's prompts and replies: only administrators get them.
+DOWNLOADS = (("leaderboard", "csv", "Table CSV"), ("leaderboard", "json", "Table JSON"))
+ADMIN_DOWNLOADS = (("votes", "csv", "Votes CSV"), ("votes", "json", "Votes JSON"))
 FEW_VOTES = 20  # below this, resampling the votes understates how unsure the ratings are
 KEEP_EXPORTS = 4  # export folders kept (Gradio copies a file into its cache when it sends it)
 
@@ -146,6 +147,9 @@ class LeaderboardTab:
             save = gr.Button("Download chart PNG", size="sm", elem_id="leaderboard-png")
         save.click(None, js=save_png_js("leaderboard-chart", "leaderboard.png"))
         with gr.Row(visible=False, elem_id="leaderboard-admin") as self.admin_row:
+            self.admin_downloads = [gr.DownloadButton(f"Download {label}", interactive=False, size="sm",
+                                                      elem_id=f"leaderboard-export-{what}-{ext}")
+                                    for what, ext, label in ADMIN_DOWNLOADS]
             self.reset = gr.Button("Reset all votes", variant="stop", size="sm", elem_id="leaderboard-reset")
             self.confirm = gr.Button("Yes, delete every vote", variant="stop", size="sm", visible=False,
                                      elem_id="leaderboard-reset-confirm")
@@ -165,14 +169,17 @@ class LeaderboardTab:
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.summary, self.table, self.chart, *self.downloads, self.status]
+        return [self.summary, self.table, self.chart, *self.downloads, *self.admin_downloads, self.status]
 
-    async def refresh(self, include_revealed: bool = False) -> dict[Any, Any]:
+    async def refresh(self, include_revealed: bool = False, request: gr.Request | None = None) -> dict[Any, Any]:
         view = await self.standings.view(bool(include_revealed))
         out: dict[Any, Any] = {self.summary: summary(view, bool(include_revealed)), self.table: table(view.board),
                                self.chart: chart(view.board), self.status: ""}
-        for (what, ext, _), button in zip(DOWNLOADS, self.downloads, strict=True):
-            path = view.files.get((what, ext))
+        admin = request is not None and self.admins.allows_request(request)
+        offered = [*zip(DOWNLOADS, self.downloads, strict=True),
+                   *zip(ADMIN_DOWNLOADS, self.admin_downloads, strict=True)]
+        for (what, ext, _), button in offered:
+            path = view.files.get((what, ext)) if what == "leaderboard" or admin else None
             out[button] = gr.DownloadButton(value=str(path) if path else None, interactive=path is not None)
         return out
 
@@ -194,7 +201,7 @@ class LeaderboardTab:
         if not self.admins.allows_request(request):  # checked again: an event can be sent without the page
             return {self.status: f"{PROBLEM} {NOT_ADMIN}"}
         deleted = await self.standings.reset()
-        out = await self.refresh(include_revealed)
+        out = await self.refresh(include_revealed, request)
         return {**out, **self.keep(), self.status: f"Deleted {deleted:,} vote{'s' if deleted != 1 else ''}."}
 
     async def api(self, include_revealed: bool = False) -> dict[str, Any]:

@@ -24,6 +24,12 @@ _SWITCHES = {
     "enable_sleep_mode": "the engine can free its GPU memory while idle",
 }
 
+# What a text-valued engine argument's value means.
+_CHOICES = {
+    ("scheduling_policy", "priority"): "priority: visitors go before a capacity test's simulated users",
+    ("scheduling_policy", "fcfs"): "first come, first served",
+}
+
 # How to read a number-valued engine argument: a function from its value to words.
 _AMOUNTS = {
     "max_model_len": lambda v: f"{_count(v)} tokens per conversation (prompt and reply together)",
@@ -102,7 +108,7 @@ def engine_value(key: str, value: Any) -> str:
         if key.endswith("_bytes"):
             return binary_size(value)
         return _count(value) if isinstance(value, int) else f"{value:g}"
-    return html.escape(str(value))
+    return html.escape(_CHOICES.get((key, str(value)), str(value)))
 
 
 def binary_size(size: float) -> str:

@@ -48,6 +48,9 @@ HEAD = """<script>
 </script>"""
 
 CSS = """
+/* Room for the scrollbar from the start: without it the whole page jumps sideways when the chat
+   grows taller than the window (Lighthouse measured a layout shift of 0.59 on a desktop). */
+html { scrollbar-gutter: stable; }
 /* Text that arrived since Gradio last drew a reply (chat/ui/live.py) keeps its line breaks. */
 .live-reply { white-space: pre-wrap; }
 /* The chat's settings sit to its right on a wide screen (they come first in the page so that the

@@ -22,9 +22,11 @@ if __name__ == "__main__":
     cpus = os.environ.get("BENCH_APP_CPUS")
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-    if os.environ.get("BENCH_NICE"):  # a shared machine: keep others' work from taking the app's core
-        os.setpriority(os.PRIO_PROCESS, 0, int(os.environ["BENCH_NICE"]))
     sys.path.insert(0, str(ROOT))  # this checkout's bench package, whichever app runs
+    if os.environ.get("BENCH_NICE"):  # a shared machine: keep others' work from taking the app's core
+        from bench.procs_priority import prioritize
+
+        prioritize(int(os.environ["BENCH_NICE"]))
     from bench.token_source import install
 
     log_path = os.environ.get("BENCH_SOURCE_LOG")

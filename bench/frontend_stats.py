@@ -5,7 +5,12 @@ machine's monotonic clock):
   offered      tokens/s the token source offers: one token per stream per engine step
                (streams / step), what a GPU engine decoding that batch would stream.
   delivered    output tokens of the completed replies / (last update - first send).
-  x offered    delivered / offered: 1.0 means the front end kept pace with the engine.
+  x offered    delivered / offered: 1.0 means the front end kept pace with the engine (a burst:
+               time to first token counts against it too).
+  pace         per reply, the engine's time for the tokens after the first ((tokens - 1) steps) /
+               the reader's time from the first text to the last update, averaged: below 1.0 the
+               reader gets text slower than the engine writes it (queueing before the first token
+               does not count here).
   TTFT         first update carrying reply text - sending (browser: pressing Enter).
   source TTFT  at the token source: its first token - the request reaching it (one engine step
                when the front end keeps up; admission, not the front end, beyond max_num_seqs).
@@ -49,6 +54,7 @@ class RunFigures:
     source_tok_s: float  # what the source actually emitted over its own busy window
     delivered_tok_s: float
     x_offered: float
+    pace: float
     ttft_p50_ms: float
     ttft_p99_ms: float
     source_ttft_p50_ms: float
@@ -82,7 +88,10 @@ def figures(app: str, door: str, history: int, streams: int, max_tokens: int, st
             busy_s: float, wall_s: float) -> RunFigures:
     ok = [t for t in turns if t.error is None and t.updates]
     with_text = [t for t in ok if any(length for _, length in t.updates)]
-    ttft = [next(w for w, length in t.updates if length) - t.started for t in with_text]
+    first_text = [next(w for w, length in t.updates if length) for t in with_text]
+    ttft = [first - t.started for t, first in zip(with_text, first_text, strict=True)]
+    paces = [(max_tokens - 1) * step_s / max(t.updates[-1][0] - first, 1e-9)
+             for t, first in zip(with_text, first_text, strict=True)]
     tokens = max_tokens * len(ok)
     window = (max(t.updates[-1][0] for t in ok) - min(t.started for t in turns)) if ok else math.nan
     delivered = tokens / window if ok and window > 0 else math.nan
@@ -99,6 +108,7 @@ def figures(app: str, door: str, history: int, streams: int, max_tokens: int, st
         offered_tok_s=offered,
         source_tok_s=sum(r["tokens"] for r in emitted) / source_window if emitted and source_window > 0 else math.nan,
         delivered_tok_s=delivered, x_offered=delivered / offered,
+        pace=statistics.mean(paces) if paces else math.nan,
         ttft_p50_ms=1e3 * pct(ttft, 50), ttft_p99_ms=1e3 * pct(ttft, 99),
         source_ttft_p50_ms=1e3 * pct(source_ttft, 50), source_ttft_p99_ms=1e3 * pct(source_ttft, 99),
         loop_lag_p50_ms=1e3 * pct(lags, 50), loop_lag_p99_ms=1e3 * pct(lags, 99),
@@ -119,7 +129,7 @@ def figures(app: str, door: str, history: int, streams: int, max_tokens: int, st
 COLUMNS = (  # (field or pair of fields, header, format)
     ("app", "app", "{}"), ("door", "door", "{}"), ("history", "earlier turns", "{}"), ("streams", "streams", "{}"),
     ("offered_tok_s", "offered tok/s", "{:,.0f}"), ("delivered_tok_s", "delivered tok/s", "{:,.0f}"),
-    ("x_offered", "x offered", "{:.2f}"),
+    ("x_offered", "x offered", "{:.2f}"), ("pace", "pace", "{:.2f}"),
     (("ttft_p50_ms", "ttft_p99_ms"), "TTFT p50 / p99 ms", "{:,.0f}"),
     (("source_ttft_p50_ms", "source_ttft_p99_ms"), "source TTFT p50 / p99 ms", "{:,.0f}"),
     (("queue_p50_ms", "queue_p99_ms"), "queue p50 / p99 ms", "{:,.0f}"),

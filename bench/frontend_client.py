@@ -1,6 +1,7 @@
 """Readers of the app for the front-end benchmark: many chat turns at once, through one of three doors.
 
-  browser  the Chat tab's own events, as a browser fires them on Enter (bench/gradio_browser.py);
+  browser  the Chat tab's own events, as a browser fires them on Enter (bench/gradio_browser.py),
+           and the reply's live text over the WebSocket, as the page's script follows it;
   api      ChatInterface's public /chat endpoint through Gradio's queue (what bench/run.py and
            bench/gpu.py call "app": the same handler, without the Chatbot's per-update work);
   ws       the app's own WebSocket API at /chat (bench/http_client.py).
@@ -92,7 +93,7 @@ async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int
 
 
 async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
-    tab = Tab(http, url, page)
+    tab = Tab(http, url, page, program=True)
     if request.history:
         await _seed(tab, request.history)
     seeded = tab.trace.direct + tab.trace.queued

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from collections import defaultdict
@@ -96,6 +97,7 @@ class Watch:
     process_started: float | None = None  # the queue began running the event
     updates: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, reply length) per update
     text: str = ""  # the reply at its last update
+    live: str = ""  # the reply as the page's live.js holds it (every delta over the WebSocket)
     ended: float | None = None
     error: str | None = None
 
@@ -112,9 +114,12 @@ class Trace:
 class Tab:
     """One browser tab: its session, the values its components hold, and its event stream."""
 
-    def __init__(self, http: httpx.AsyncClient, base_url: str, page: Page) -> None:
+    def __init__(self, http: httpx.AsyncClient, base_url: str, page: Page, program: bool = False) -> None:
         self.http = http
-        self.base = base_url.rstrip("/") + "/gradio_api"
+        self.root = base_url.rstrip("/")
+        self.base = self.root + "/gradio_api"
+        self.headers = {"x-gradio-user": "api"} if program else {}  # as gradio_client marks itself
+        self._live: dict[str, asyncio.Task[None]] = {}  # live reply id -> its follower (chat/ui/live.js)
         self.page = page
         self.session = secrets.token_hex(8)
         self.values = dict(page.initial)
@@ -204,23 +209,49 @@ class Tab:
                 self._apply(event, output.get("data") or [], full=first or kind == "process_completed")
                 first = False
                 if watched:
-                    self.watch.text = reply_text(self.values.get(self.watch.component))
-                    self.watch.updates.append((now, len(self.watch.text)))
+                    self._shown(reply_text(self.values.get(self.watch.component)), now)
                 if kind == "process_completed":
                     if watched:
                         self.watch.ended = now
+                        for task in self._live.values():
+                            task.cancel()
                     return output
             elif kind == "unexpected_error":
                 self.trace.errors.append(f"event {event.id}: {message.get('message')}")
                 return None
 
+    def _shown(self, text: str, now: float) -> None:
+        """Gradio drew the reply: its text, and a live placeholder the page's script then fills."""
+        assert self.watch is not None
+        found = LIVE_PLACEHOLDER.search(text)
+        if found and found.group(1) not in self._live:
+            self._live[found.group(1)] = asyncio.get_running_loop().create_task(self._follow_live(found.group(1)))
+        self.watch.text = LIVE_PLACEHOLDER.sub("", text)
+        self.watch.updates.append((now, max(len(self.watch.text), len(self.watch.live))))
+
+    async def _follow_live(self, reply_id: str) -> None:
+        """What chat/ui/live.js does: follow the reply over the page's WebSocket ("watch")."""
+        import websockets
+
+        assert self.watch is not None
+        url = self.root.replace("http://", "ws://").replace("https://", "wss://") + "/chat"
+        async with websockets.connect(url, max_size=None, ping_interval=None) as socket:
+            await socket.send(json.dumps({"type": "watch", "id": reply_id, "after": -1}))
+            async for raw in socket:
+                event = json.loads(raw)
+                if event.get("type") == "delta":
+                    self.watch.live += event["text"]
+                    self.watch.updates.append((time.monotonic(), max(len(self.watch.text), len(self.watch.live))))
+                elif event.get("type") in ("done", "error"):
+                    return
+
     async def _post(self, url: str, body: dict[str, Any]) -> httpx.Response:
         try:
-            return await self.http.post(url, json=body)
+            return await self.http.post(url, json=body, headers=self.headers)
         except (httpx.ReadError, httpx.RemoteProtocolError):
             # A kept-alive connection the server closed just as it was reused: a browser sends the
             # request again on a new one, and so does this tab (once).
-            return await self.http.post(url, json=body)
+            return await self.http.post(url, json=body, headers=self.headers)
 
     async def _read(self) -> None:
         """The session's event stream: every queued event's messages, handed to its inbox."""
@@ -271,6 +302,9 @@ class Tab:
                     self.values[component] = value
             else:
                 self.values[component] = patch(self.values.get(component), value)
+
+
+LIVE_PLACEHOLDER = re.compile(r'<span class="live-reply stream-(\S+) after-\d+"></span>')
 
 
 def patch(target: Any, diff: list[Any]) -> Any:

@@ -19,6 +19,9 @@ from gradio_client.utils import apply_diff
 
 Leave = Literal["cancel", "disconnect"]
 
+# What gradio_client says of itself: the app streams text through Gradio to programs (chat/ui/live.py).
+PROGRAM = {"x-gradio-user": "api"}
+
 
 @dataclass
 class ChatResult:
@@ -67,6 +70,7 @@ class GradioChat:
         joined = await self.http.post(
             f"{self.base}/queue/join",
             json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None},
+            headers=PROGRAM,
         )
         joined.raise_for_status()
         event_id = joined.json()["event_id"]

@@ -212,7 +212,7 @@ async def paced(
             if not news.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(news.wait(), tick_s)
-            elif shown_text and (wait := last_redraw + interval() - loop.time()) > 0:
+            if news.is_set() and shown_text and (wait := last_redraw + interval() - loop.time()) > 0:
                 with contextlib.suppress(TimeoutError):  # coalesce, unless the reply ends meanwhile
                     await asyncio.wait_for(ended.wait(), wait)
             if ended.is_set():

@@ -171,9 +171,11 @@ async def test_invalid_sampling_values_give_the_plain_sentence(default_preset):
 
 async def test_paced_redraws_show_the_first_token_at_once_and_coalesce_the_rest(engine, default_preset):
     reply = reply_to(engine, default_preset, "Write a long list of colours.", max_tokens=60)
-    redraw_tokens = []
+    redraw_tokens, redraw_times = [], []
     async for _ in paced(reply, lambda: 0.25, tick_s=5.0):
         redraw_tokens.append(reply.progress.tokens)
-    assert redraw_tokens[0] <= 2  # the first token is drawn at once, not after flush_s
-    assert len(redraw_tokens) < 60  # later tokens were coalesced
+        redraw_times.append(asyncio.get_running_loop().time())
+    assert redraw_tokens[0] <= 2  # the first token is drawn at once, not after the interval
+    gaps = [b - a for a, b in zip(redraw_times, redraw_times[1:], strict=False)]
+    assert min(gaps) >= 0.24, gaps  # later text waits for the interval: one redraw per 0.25 s at most
     assert reply.stats.generated_tokens == 60

@@ -17,6 +17,7 @@ from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest, Writing
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
+from chat.ui.gradio_internals import chat_parts
 from chat.ui.live import LiveText, is_browser
 from chat.ui.messages import conversation_file, event_messages
 from chat.ui.preset_card import preset_card
@@ -115,6 +116,27 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
 
     name_knob_parameters(respond)
 
+    async def turn(
+        message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
+        *knob_values: float,
+    ) -> AsyncIterator[tuple[Any, Any, Any]]:
+        """A message typed on the page, the whole turn in one queued event: the message box, the
+        chat, and (at the end) the server's copy of the chat."""
+        if not str(message).strip():
+            gr.Warning("Type a message first.")
+            yield gr.skip(), gr.skip(), gr.skip()
+            return
+        asked = [*(history or []), {"role": "user", "content": message}]
+        yield gr.update(value="", interactive=False), asked, gr.skip()
+        reply: list[gr.ChatMessage] = []
+        async for reply in respond(message, history or [], request, preset_name, system_prompt, *knob_values):
+            yield gr.skip(), [*asked, *reply], gr.skip()
+        done = [*asked, *reply]
+        # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
+        yield gr.update(interactive=True), done, chatbot.preprocess(chatbot.postprocess(done))
+
+    name_knob_parameters(turn)
+
     # Gradio wires clicks on a chat's examples only when it starts with some, so presets' own
     # examples replace each other only then.
     switch_examples = bool(default.examples)
@@ -153,22 +175,35 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     # Gradio renders it without a name for screen readers.
     chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False,
                          buttons=["copy", "copy_all"])
-    gr.ChatInterface(
+    validator = lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first.")  # noqa: E731
+    chat = gr.ChatInterface(
         fn=respond,
         additional_inputs=settings.inputs,
         chatbot=chatbot,
-        textbox=gr.Textbox(
-            elem_id="message", placeholder="Type a message and press Enter", show_label=False,
-            submit_btn=True, stop_btn=False, autofocus=True, scale=7,
-        ),
+        # Its own message box stays hidden: a typed message takes `turn` below. ChatInterface still
+        # runs examples, retry, edit, undo, the saved chats and the /chat API.
+        textbox=gr.Textbox(visible=False, stop_btn=False),
         concurrency_limit=concurrency_limit,
         save_history=True,
         editable=True,
         examples=[[example] for example in default.examples] or None,
         fill_height=True,
         api_name="chat",
-        validator=lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first."),
+        validator=validator,
     )
+    # ChatInterface turns one typed message into eleven events, several sending the whole chat both
+    # ways (bench/frontend.py measured about 60 ms of the server's time per message on 2 cores, which
+    # a burst of visitors waits for in line). Here it is one queued event, then saving the chat.
+    textbox = gr.Textbox(
+        elem_id="message", placeholder="Type a message and press Enter", show_label=False,
+        submit_btn=True, autofocus=True,
+    )
+    parts = chat_parts(chat)
+    textbox.submit(
+        turn, [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
+        concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
+    ).then(parts.save, [parts.conversation_id, parts.history, parts.saved], [parts.conversation_id, parts.saved],
+           queue=False, api_visibility="undocumented", show_progress="hidden")
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")
         save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=170, size="sm")

@@ -20,7 +20,10 @@ engine, limited replies at 64 and more streams:
 - With `status_update_rate="auto"` every event that starts sends a queue-position update to every
   event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here).
 
-2. The login cookie of Gradio's own login page (`access-token-{cookie_id}`), which the app's routes
+2. The parts of a `ChatInterface` that a message sent outside its own event chain must keep up to
+   date (`chat_parts`): the server's copy of the conversation and the browser's saved chats.
+
+3. The login cookie of Gradio's own login page (`access-token-{cookie_id}`), which the app's routes
    (the WebSocket API, /metrics) accept as well as HTTP Basic credentials (chat/auth.py).
 """
 
@@ -28,7 +31,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from dataclasses import dataclass
 from typing import Any
 
 import gradio
@@ -262,3 +266,21 @@ def enable_queue(demo: gradio.Blocks) -> None:
     """`demo.queue()`: nobody waits behind anybody (vLLM batches them), and the bookkeeping above stays down."""
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**9))  # read by the Queue being made
     demo.queue(default_concurrency_limit=None, status_update_rate=1)
+
+
+@dataclass(frozen=True)
+class ChatParts:
+    """What a ChatInterface keeps beside its Chatbot (private attributes in Gradio 6.31)."""
+
+    history: Any  # gr.State: the conversation as the server holds it (retry, undo and edit read it)
+    conversation_id: Any  # gr.State: which saved chat this is
+    saved: Any  # gr.BrowserState: every saved chat, kept in the browser
+    save: Callable[..., Any]  # (conversation_id, history, saved) -> (conversation_id, saved)
+
+
+def chat_parts(chat: gradio.ChatInterface) -> ChatParts:
+    """The ChatInterface's state holders, refusing clearly if Gradio renamed them."""
+    try:
+        return ChatParts(chat.chatbot_state, chat.conversation_id, chat.saved_conversations, chat._save_conversation)
+    except AttributeError as exc:
+        raise UntestedGradio(f"Gradio's ChatInterface changed ({exc}); install gradio>=6.31,<6.32.") from exc

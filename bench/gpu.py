@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
 from bench.procs import ROOT
-from bench.run import Target, app_path, measure, raw_path, versions, websocket_path
+from bench.run import Target, app_path, browser_path, measure, raw_path, versions, websocket_path
 
 SHAPES = {
     # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.5 B parameters)
@@ -53,6 +53,7 @@ class AppVariant:
     flush_ms: int | None = None
     levels: tuple[int, ...] = ()  # closed-loop levels to run it at; empty: all
     ws: bool = False  # also read the same server through the app's WebSocket API ("NAME-ws")
+    browser: bool = False  # also as a browser uses it: the Chat tab's events and live text ("app-browser")
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -64,8 +65,8 @@ class AppVariant:
                 variant.levels = tuple(int(x) for x in value.split("/"))
             elif key in ("max_threads", "flush_ms"):
                 setattr(variant, key, int(value))
-            elif key == "ws":
-                variant.ws = value not in ("0", "false", "no")
+            elif key in ("ws", "browser"):
+                setattr(variant, key, value not in ("0", "false", "no"))
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
         return variant
@@ -199,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                 ws = websocket_path(app, preset, count, args.context_lines, args.client_procs)
                 ws.notes["levels"] = variant.levels
                 apps.append(ws)
+            if variant.browser:
+                browser = browser_path(app, count, args.context_lines, args.client_procs)
+                browser.notes["levels"] = variant.levels
+                apps.append(browser)
         raw.servers[0].receive(timeout=max(60.0, left()))
         event("raw engine ready")
         for app in (a for a in apps if a.servers):
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            for app in apps:
+            for app in (a for a in apps if a.name != "app-browser"):  # the browser path runs bursts only
                 if left() < args.rate_seconds + 30:
                     event(f"deadline: {app.name} not run at {rate}/s")
                     continue

@@ -120,6 +120,7 @@ class Tab:
         self.base = self.root + "/gradio_api"
         self.headers = {"x-gradio-user": "api"} if program else {}  # as gradio_client marks itself
         self._live: dict[str, asyncio.Task[None]] = {}  # live reply id -> its follower (chat/ui/live.js)
+        self._sent: dict[int, Any] = {}  # component -> the value its stream sent last (diffs apply to it)
         self.page = page
         self.session = secrets.token_hex(8)
         self.values = dict(page.initial)
@@ -291,17 +292,18 @@ class Tab:
         return True
 
     def _apply(self, event: Event, values: list[Any], full: bool) -> None:
+        """Take an event's outputs: whole values, or diffs against what the stream sent last (which
+        may be an update, e.g. a message box cleared and disabled, then enabled again)."""
         for component, value in zip(event.outputs, values, strict=False):
             if self.page.stateful(component):
                 continue
-            if full:
-                if isinstance(value, dict) and value.get("__type__") == "update":
-                    if "value" in value:
-                        self.values[component] = value["value"]
-                else:
-                    self.values[component] = value
+            sent = value if full else patch(self._sent.get(component), value)
+            self._sent[component] = sent
+            if isinstance(sent, dict) and sent.get("__type__") == "update":
+                if "value" in sent:
+                    self.values[component] = sent["value"]
             else:
-                self.values[component] = patch(self.values.get(component), value)
+                self.values[component] = sent
 
 
 LIVE_PLACEHOLDER = re.compile(r'<span class="live-reply stream-(\S+) after-\d+"></span>')

@@ -167,6 +167,39 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
     return target
 
 
+def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1) -> Target:
+    """The same app server (and engine) as `app`, used as a browser uses it: the Chat tab's own
+    events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py).
+    Closed loop only (bursts); steady arrivals go through the other paths."""
+    from bench.frontend_client import Request, take_turns
+
+    url = app.notes["url"]
+
+    def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
+        if rate:
+            raise NotImplementedError("the browser path runs bursts only")
+        asks = [Request(user_message(first + i, context_lines), max_tokens, [], {"knob-max_tokens": max_tokens})
+                for i in range(requests)]
+        timelines = []
+        for turn in take_turns(url, "browser", asks, concurrency=concurrency,
+                               procs=client_procs if concurrency >= 16 else 1):
+            timeline = Timeline(started=turn.started, tokens=max_tokens, handler_started=turn.process_started)
+            grew = [(t, length) for (t, length), (_, before) in zip(turn.updates, [(0, 0), *turn.updates], strict=False)
+                    if length > before]
+            if turn.error is not None and not grew:
+                timeline.error = turn.error
+            else:
+                ks = tokens_per_update([length for _, length in grew], turn.text, count)
+                timeline.arrivals = [(t, k) for (t, _), k in zip(grew, ks, strict=True)]
+                timeline.error = turn.error
+            timelines.append(timeline)
+        return timelines
+
+    target = Target("app-browser", [], app.frontend_pids, run)
+    target.notes = {"url": url, "shares_server_with": app.name}
+    return target
+
+
 def example_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
                  context_lines: int, max_tokens: int, concurrency_limit: int = 0,
                  api: Server | None = None, api_port: int | None = None, client_procs: int = 1) -> Target:

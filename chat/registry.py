@@ -81,12 +81,17 @@ class EngineRegistry:
                 if engine.died:
                     self.restart(engine)
 
-    async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str, None]:
-        """Yield a status line every `every_s` while the preset's engine starts or wakes; return once
-        it is ready. Raises EngineError (EngineBusy when there is no room for it now)."""
+    def prepare(self, preset: Preset) -> Engine:
+        """Begin loading the preset's engine, or waking it, as soon as someone picks it; never blocks."""
         engine = self.start(preset)
         if engine.state is EngineState.SLEEPING:
             self._wake(engine)
+        return engine
+
+    async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str, None]:
+        """Yield a status line every `every_s` while the preset's engine starts or wakes; return once
+        it is ready. Raises EngineError (EngineBusy when there is no room for it now)."""
+        engine = self.prepare(preset)
         while engine.state is EngineState.STARTING:
             yield engine.status()
             try:

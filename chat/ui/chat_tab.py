@@ -151,9 +151,9 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
         return updates
 
     async def warm_up(name: str) -> str:
-        """Start loading the chosen preset's engine as soon as it is picked."""
+        """Start loading (or wake) the chosen preset's engine as soon as it is picked."""
         preset = service.preset(name)
-        return service.registry.start(preset).status()
+        return service.registry.prepare(preset).status()
 
     async def engine_status(name: str) -> str:
         try:
@@ -202,6 +202,9 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     textbox.submit(
         turn, [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
+        # The values as the page sent them: Gradio would hand each input to a worker thread to
+        # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
+        preprocess=False,
     ).then(parts.save, [parts.conversation_id, parts.history, parts.saved], [parts.conversation_id, parts.saved],
            queue=False, api_visibility="undocumented", show_progress="hidden")
     with gr.Row(elem_id="chat-actions"):

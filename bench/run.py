@@ -383,7 +383,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens in every reply (ignore_eos)")
     ap.add_argument("--context-lines", type=int, default=0, help="filler lines (~30 tokens each) per prompt")
     ap.add_argument("--paths", default="raw,app,example,app-ws",
-                    help="which paths to run; app-ws reads the same app server through its WebSocket API")
+                    help="which paths to run; app-ws reads the same app server through its WebSocket API, "
+                         "app-browser uses it as a browser does (the Chat tab's events and live text)")
     ap.add_argument("--flush", choices=["on", "off"], default="on",
                     help="phase 2, the app at another --flush-ms (--flush-against) against its default")
     ap.add_argument("--flush-repeats", type=int, default=2)
@@ -437,9 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         if "raw" in wanted:
             paths.append(raw_path(args.preset, logs, env, args.context_lines))
         if "app" in wanted:
-            paths.append(app_path("app", args.preset, logs, env, count, args.context_lines))
-        if "app-ws" in wanted and "app" in wanted:
-            paths.append(websocket_path(paths[-1], args.preset, count, args.context_lines))
+            app = app_path("app", args.preset, logs, env, count, args.context_lines)
+            paths.append(app)
+            if "app-ws" in wanted:
+                paths.append(websocket_path(app, args.preset, count, args.context_lines))
+            if "app-browser" in wanted:
+                paths.append(browser_path(app, count, args.context_lines))
         if "example" in wanted:
             paths.append(example_path("example", args.preset, logs, env, count, args.context_lines, args.max_tokens))
         started += paths

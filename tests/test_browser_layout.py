@@ -3,9 +3,11 @@ they act, Stop only while a reply is written. Screenshots of each tab at each wi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.conftest import OUTPUT
+from tests.conftest import OUTPUT, ROOT
 from tests.test_browser import REPLY_TITLE, send, watch_reply
 
 pytestmark = pytest.mark.browser
@@ -69,6 +71,8 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
     assert page.locator(REPLY_TITLE).last.is_visible()
     assert covered_by(page, "#message textarea") == "itself"
     page.screenshot(path=str(OUTPUT / f"layout-{device}-chat.png"))
+    if device == "phone" and os.environ.get("UPDATE_SCREENSHOTS"):  # the README's phone picture
+        page.screenshot(path=str(ROOT / "docs" / "screenshot-phone.png"))
 
     for tab in ("Compare", "Monitor"):
         open_tab(page, tab)

@@ -199,6 +199,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
         submit_btn=True, autofocus=True,
     )
     parts = chat_parts(chat)
+    chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
     textbox.submit(
         turn, [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",

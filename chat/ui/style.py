@@ -71,6 +71,9 @@ html { scrollbar-gutter: stable; }
      Settings, and the chat takes what is left. */
   #title p { display: none; }
   #chatbot { min-height: 240px !important; height: 40vh !important; }
+  /* The saved chats sit above the chat here: a short list that scrolls, beside a small New chat. */
+  #new-chat { min-height: 0; padding: 4px 12px; }
+  #saved-chats { max-height: 5.5em; overflow-y: auto; }
 }
 /* Stop only while a reply is on its way: the message box is disabled, or a line beneath a reply
    is still busy (waiting for the engine, writing). */

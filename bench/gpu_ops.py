@@ -219,7 +219,7 @@ async def run(args: argparse.Namespace) -> int:
                     break
                 await asyncio.sleep(0.2)
             result["kill"]["healthz_ok_after_s"] = time.monotonic() - killed["at"]
-            phases = [re.sub(r"… \d+ s$", "", h["reason"]) for h in result["health"] if h["reason"]]
+            phases = [re.sub(r"… \d+ s", "…", h["reason"]) for h in result["health"] if h["reason"]]
             result["kill"]["healthz_said"] = list(dict.fromkeys(phases))  # each phase once, in order
             after = await say(a, "next message after the kill")
             if after["first_token_s"] is not None:

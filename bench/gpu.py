@@ -37,7 +37,7 @@ from bench.procs import ROOT
 from bench.run import Target, app_path, browser_path, measure, raw_path, versions, websocket_path
 
 SHAPES = {
-    # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.5 B parameters)
+    # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.4 B parameters)
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, rope_theta=500000.0, tie_word_embeddings=False),
     # SmolLM2-135M geometry (smoke runs)

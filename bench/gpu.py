@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            for app in (a for a in apps if a.name != "app-browser"):  # the browser path runs bursts only
+            for app in (a for a in apps if not a.notes.get("bursts_only")):
                 if left() < args.rate_seconds + 30:
                     event(f"deadline: {app.name} not run at {rate}/s")
                     continue

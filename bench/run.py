@@ -196,7 +196,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
         return timelines
 
     target = Target("app-browser", [], app.frontend_pids, run)
-    target.notes = {"url": url, "shares_server_with": app.name}
+    target.notes = {"url": url, "shares_server_with": app.name, "bursts_only": True}
     return target
 
 

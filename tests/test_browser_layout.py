@@ -52,6 +52,8 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1"), "no sideways scrolling"
     assert not page.locator("#stop").is_visible(), "Stop shows only while a reply is written"
     if device == "phone":  # settings wait behind a button, and close again
+        saved_chats = page.locator("#saved-chats")
+        assert saved_chats.evaluate("e => getComputedStyle(e).maxHeight") != "none", "a short list of saved chats"
         assert not page.locator(CHAT_SETTINGS).is_visible()
         page.locator("#settings-open").click()
         page.locator(CHAT_SETTINGS).wait_for(state="visible")

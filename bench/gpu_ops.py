@@ -51,7 +51,7 @@ def write_presets(folder: Path, model_dir: Path, cpu: bool) -> dict[str, dict[st
 
     folder.mkdir(parents=True, exist_ok=True)
     engines = {}
-    for name, max_model_len in zip(PRESETS, (4096, 8192), strict=True):
+    for letter, name, max_model_len in zip("ab", PRESETS, (4096, 8192), strict=True):
         if cpu:
             engine: dict[str, Any] = {"load_format": "dummy", "dtype": "float32", "max_model_len": max_model_len,
                                       "enforce_eager": True, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 16}
@@ -65,7 +65,7 @@ def write_presets(folder: Path, model_dir: Path, cpu: bool) -> dict[str, dict[st
             "sampling": {"temperature": 0.7, "max_tokens": {"default": 64, "max": 4096}},
             "system_prompt": SYSTEM_PROMPT, "ignore_eos": True, "timeout_s": 300,
         }
-        (folder / f"sleepy-{name[7].lower()}.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
+        (folder / f"sleepy-{letter}.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
         engines[name] = engine
     return engines
 
@@ -105,7 +105,8 @@ async def message(url: str, preset: str, text: str, history: list[dict[str, str]
     ended = time.monotonic()
     return {"preset": preset, "first_token_s": None if first is None else first - sent, "total_s": ended - sent,
             "finish": stream.finish, "notice": stream.notice, "error": error, "chars": len(stream.text),
-            "history_turns": len(history) // 2, "stats": stream.stats, "text": stream.text, "ended": ended}
+            "history_turns": len(history) // 2, "stats": stream.stats, "text": stream.text, "ended": ended,
+            "first_at": first}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,9 +223,8 @@ async def run(args: argparse.Namespace) -> int:
             phases = [re.sub(r"… \d+ s", "…", h["reason"]) for h in result["health"] if h["reason"]]
             result["kill"]["healthz_said"] = list(dict.fromkeys(phases))  # each phase once, in order
             after = await say(a, "next message after the kill")
-            if after["first_token_s"] is not None:
-                result["kill"]["next_first_token_after_kill_s"] = after["ended"] - killed["at"] - (
-                    after["total_s"] - after["first_token_s"])
+            if after["first_at"] is not None:
+                result["kill"]["next_first_token_after_kill_s"] = after["first_at"] - killed["at"]
             event(f"kill: {json.dumps(result['kill'])}")
     finally:
         server.stop(grace=20)

@@ -114,8 +114,8 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
              max_threads: int | None = None) -> Target:
     """app.py as a subprocess; `max_threads`: launch it through bench/patched_app.py with that many
     Gradio queue slots instead of app.py's QUEUE_SLOTS (an experiment: app.py itself is unchanged)."""
-    from app import QUEUE_SLOTS
     from chat.presets import load_preset
+    from chat.server import QUEUE_SLOTS
 
     spec = load_preset(preset)
     port = free_port()

@@ -165,6 +165,16 @@ def sampling_params(sampling: Sampling, max_tokens: int, ignore_eos: bool = Fals
         ) from exc
 
 
+@dataclass(frozen=True)
+class EngineSlot:
+    """This process's place at an engine core that another process started (`--ui-workers`): vLLM's
+    client addresses (with the listening sockets to adopt), how many clients it greets, which one."""
+
+    addresses: dict[str, Any]
+    count: int
+    index: int
+
+
 @dataclass
 class Engine:
     """One AsyncLLM and what the app knows about it."""
@@ -188,6 +198,7 @@ class Engine:
     refusal: EngineBusy | None = None  # why it was not started (no room); asking again may work
     start_delay_s: float = 0.0  # a restart after a crash waits this long first
     on_death: Callable[[Engine], object] | None = None  # set by the registry: restart it
+    slot: EngineSlot | None = None  # a client of a shared engine core instead of an engine of its own
     _streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it, with a reason
     task: asyncio.Task[None] | None = None  # starting or waking it (the registry runs it)
 
@@ -198,7 +209,7 @@ class Engine:
     @property
     def can_sleep(self) -> bool:
         """Presets opt in with `enable_sleep_mode: true`; vLLM supports it on CUDA only."""
-        return bool(self.preset.engine.get("enable_sleep_mode")) and not on_cpu()
+        return bool(self.preset.engine.get("enable_sleep_mode")) and not on_cpu() and self.slot is None
 
     @property
     def start_seconds(self) -> float | None:
@@ -337,15 +348,24 @@ class Engine:
         self.model_dir = folder
         engine_args = engine_arguments(self.preset, folder)
         args = AsyncEngineArgs(model=str(folder), **engine_args)
-        if on_cpu():
-            kv_bytes = engine_args.get("kv_cache_memory_bytes") or 4 << 30
-            self.memory_need = kv_bytes + weights_bytes(folder, engine_args.get("dtype"))
+        stat_loggers = [_load_recorder(self.load)]
+        if self.slot is not None:  # the engine's memory is the supervisor's, not this budget's
+            self.phase = "waiting for the shared engine"
+            args._api_process_count, args._api_process_rank = self.slot.count, self.slot.index
+            self.llm = AsyncLLM.from_vllm_config(
+                args.create_engine_config(), stat_loggers=stat_loggers, client_addresses=dict(self.slot.addresses),
+                client_count=self.slot.count, client_index=self.slot.index,
+            )
         else:
-            self.memory_need = float(args.gpu_memory_utilization)
-        make_room(self)
-        self.phase = "loading the model into vLLM"
-        log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)
-        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_load_recorder(self.load)])
+            if on_cpu():
+                kv_bytes = engine_args.get("kv_cache_memory_bytes") or 4 << 30
+                self.memory_need = kv_bytes + weights_bytes(folder, engine_args.get("dtype"))
+            else:
+                self.memory_need = float(args.gpu_memory_utilization)
+            make_room(self)
+            self.phase = "loading the model into vLLM"
+            log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)
+            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
         self.max_model_len = self.llm.model_config.max_model_len
         self.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
 

@@ -117,6 +117,17 @@ class PresetCatalog:
                     reasons[name] = f"{name} needs an NVIDIA GPU; this machine has none."
         return reasons
 
+    def sharing_engine_with(self, name: str) -> PresetCatalog:
+        """Only the presets that run on `name`'s engine; the others become problems that say why
+        (several UI workers share one engine core, `--ui-workers`)."""
+        engine_key = self.get(name).engine_key
+        problems = dict(self.problems)
+        for other, preset in self.presets.items():
+            if preset.engine_key != engine_key:
+                problems[other] = (f"{other} needs another engine than {self.get(name).name}, and this demo runs one "
+                                   "engine for several UI workers; start it with --ui-workers 1 to switch models.")
+        return PresetCatalog({n: p for n, p in self.presets.items() if p.engine_key == engine_key}, problems)
+
     def get(self, name: str) -> Preset:
         if name in self.presets:
             return self.presets[name]

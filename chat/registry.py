@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, Iterator
 
 from chat import metrics
-from chat.engine import RESTARTING, Engine, EngineState
+from chat.engine import RESTARTING, Engine, EngineSlot, EngineState
 from chat.errors import ChatError, EngineBusy
 from chat.presets import Preset
 
@@ -29,10 +30,12 @@ HEALTHY_UPTIME_S = 300.0  # an engine that ran this long before dying starts its
 class EngineRegistry:
     """The engines of this process, keyed by configuration, within one memory budget."""
 
-    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
+    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256,
+                 shared: dict[str, EngineSlot] | None = None) -> None:
         self._engines: dict[str, Engine] = {}
         self.memory_budget = memory_budget  # None: no limit
         self.max_waiting = max_waiting
+        self.shared = shared or {}  # engine key -> slot at an engine core the supervisor runs (--ui-workers)
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(list(self._engines.values()))
@@ -49,7 +52,7 @@ class EngineRegistry:
         if engine is not None and engine.state is not EngineState.CLOSED:
             return engine
         failures = 0 if engine is None else engine.failures
-        return self._launch(Engine(preset=preset, failures=failures))
+        return self._launch(Engine(preset=preset, failures=failures, slot=self.shared.get(preset.engine_key)))
 
     def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
         engine.on_death = self.restart
@@ -66,6 +69,10 @@ class EngineRegistry:
         if current is not dead:
             return current or self.start(dead.preset)  # already being replaced
         dead.state, dead.error = EngineState.FAILED, RESTARTING
+        if dead.slot is not None:  # vLLM greets a client once: the supervisor restarts the core and its workers
+            log.error("The shared engine for %r stopped; the supervisor restarts it", dead.preset.name)
+            dead.retry_at = math.inf
+            return dead
         healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
         crashes = 1 if healthy else dead.failures + 1
         delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
@@ -181,7 +188,7 @@ class EngineRegistry:
             idle = [
                 e
                 for e in self._engines.values()
-                if e is not incoming and e.state is EngineState.READY and not e.streams
+                if e is not incoming and e.state is EngineState.READY and not e.streams and e.slot is None
             ]
             if not idle:
                 raise EngineBusy(

@@ -67,6 +67,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",
             float),
+    Setting("ui_workers", ("CHAT_UI_WORKERS",), 0,
+            "Processes that serve the web page, all on one engine, behind the one port; each browser stays with one. "
+            "More serve more simultaneous readers, but only the default preset's model (switching models needs 1). "
+            "0 picks 1 on a CPU engine (the engine needs the cores) and on a GPU one per 4 processor cores, at most 4.", int),
     Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
             "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
     Setting("verbose", ("CHAT_VERBOSE",), False,
@@ -114,3 +118,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser().parse_args(argv)
     args.presets_dir = Path(args.presets_dir)
     return args
+
+
+def ui_workers(args: argparse.Namespace, has_gpu: bool) -> int:
+    """--ui-workers, with 0 resolved from this machine: each worker wants a core of its own beside the
+    engine's processes, and a CPU engine computes on every core (a worker there only takes from it)."""
+    if args.ui_workers > 0:
+        return int(args.ui_workers)
+    return max(1, min(4, (os.cpu_count() or 1) // 4)) if has_gpu else 1

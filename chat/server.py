@@ -1,0 +1,155 @@
+"""One serving process: the chat UI, its routes and its engines, on one port.
+
+`python app.py` runs one of these on the public port. With `--ui-workers N` the supervisor
+(chat/workers.py) runs N of them on private ports behind its router, each a client of one shared
+engine core (`Worker`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from chat import logs
+from chat.engine import EngineSlot
+from chat.presets import PresetCatalog
+
+log = logging.getLogger("chat")
+QUEUE_SLOTS = 1024
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process is UI worker `index` of a supervisor: it serves on a private port, sets the
+    router's cookie, and reaches the default preset's engine through `slot`."""
+
+    index: int
+    slot: EngineSlot
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would break the shutdown
+    raise KeyboardInterrupt  # Gradio closes the server on it, which runs our shutdown
+
+
+def end_children() -> None:
+    """Last resort at exit: no engine process may outlive the app (each holds GBs of memory)."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | None = None) -> int:
+    """Build the UI on this process's engines and serve it until interrupted; the exit status."""
+    if worker is None:
+        for problem in catalog.problems.values():
+            log.warning("Preset unavailable: %s", problem)
+    # Heavy imports (vLLM, Gradio) only once we know we will serve.
+    from starlette.middleware import Middleware
+    from starlette.middleware.gzip import GZipMiddleware
+
+    from chat import metrics
+    from chat.admin import Admins
+    from chat.auth import Login
+    from chat.engine import on_cpu
+    from chat.errors import ChatError, PresetError
+    from chat.monitor import Monitor
+    from chat.pacing import RedrawPacer
+    from chat.registry import EngineRegistry
+    from chat.router import StickyCookie
+    from chat.service import ChatService
+    from chat.ui import CSS, build_ui
+    from chat.ui.gradio_internals import UntestedGradio
+    from chat.ui.live import HEAD as LIVE_SCRIPT
+    from chat.ui.style import HEAD, THEME
+    from chat.votes import VoteStore
+    from chat.web import routes
+
+    budget = args.memory_budget_gb
+    if on_cpu():
+        import psutil
+
+        budget = (budget * 1e9) if budget else psutil.virtual_memory().total / 2
+    else:
+        budget = budget or 1.0
+    try:
+        login = Login.parse(args.auth)
+        admins = Admins.parse(args.admins, local=args.admin_local, login=login)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        store = VoteStore(args.votes_db)
+    except ChatError as exc:
+        print(exc.message, file=sys.stderr)
+        return 2
+    try:
+        default = catalog.get(args.preset)
+        shared = {default.engine_key: worker.slot} if worker else None
+        registry = EngineRegistry(memory_budget=budget, max_waiting=args.max_waiting, shared=shared)
+        pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
+        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer)
+        service.preset(None)
+    except PresetError as exc:
+        print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
+        return 2
+    monitor = Monitor(registry)
+    try:
+        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins)
+    except UntestedGradio as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: object) -> AsyncIterator[None]:
+        first = registry.start(default)  # in the background; the page is usable while it loads
+        loop = asyncio.get_running_loop()
+        background = [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
+        if worker is None:  # a worker's address is private: the supervisor announces the public one
+            background.append(loop.create_task(
+                logs.say_when_ready(first, lambda: demo.local_url, lambda: demo.share_url)))
+        yield
+        for task in background:
+            task.cancel()
+        await registry.close_all()
+        store.close()
+
+    middleware = [Middleware(GZipMiddleware, minimum_size=1024)]
+    if worker is not None:
+        middleware.append(Middleware(StickyCookie, value=str(worker.index)))
+    signal.signal(signal.SIGTERM, _interrupt)
+    atexit.register(end_children)
+    demo.launch(
+        css=CSS,
+        theme=THEME,
+        head=HEAD + LIVE_SCRIPT,
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        auth=login.accounts if login else None,
+        show_error=False,
+        quiet=worker is not None,
+        # Gradio's queue runs at most max_threads events at once (40 by default), whatever their
+        # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
+        # Our handlers are async, so the slots cost no threads.
+        max_threads=QUEUE_SLOTS,
+        # Gradio compresses its scripts but not the page itself (its config: ~340 KB, ~30 KB gzipped).
+        # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
+        app_kwargs={"middleware": middleware, "lifespan": lifespan,
+                    "routes": [*routes(service, login, grace_s=args.resume_grace_s), *metrics.routes(login)]},
+    )
+    return 0

@@ -16,13 +16,18 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chat import logs
 from chat.engine import EngineSlot
 from chat.presets import PresetCatalog
 
+if TYPE_CHECKING:
+    from chat.registry import EngineRegistry
+
 log = logging.getLogger("chat")
 QUEUE_SLOTS = 1024
+CLOSE_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -34,9 +39,30 @@ class Worker:
     slot: EngineSlot
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would break the shutdown
-    raise KeyboardInterrupt  # Gradio closes the server on it, which runs our shutdown
+class Shutdown:
+    """SIGTERM or Ctrl-C: close the engines on the server's loop first, then let Gradio close.
+
+    Gradio's close waits 5 s for the connections of open pages (their heartbeats never end) and then
+    abandons its loop; vLLM's output handler, cancelled with it, would log an engine death with a
+    traceback. Closed first, the engines end their readers' streams with a sentence instead."""
+
+    def __init__(self, registry: EngineRegistry) -> None:
+        self.registry = registry
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+
+    def install(self, ctrl_c: bool) -> None:
+        signal.signal(signal.SIGTERM, self.interrupt)
+        if ctrl_c:
+            signal.signal(signal.SIGINT, self.interrupt)
+
+    def interrupt(self, signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would break the shutdown
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C still quits at once
+        if self.loop is not None and self.loop.is_running():
+            closing = asyncio.run_coroutine_threadsafe(self.registry.close_all(), self.loop)
+            with contextlib.suppress(Exception):
+                closing.result(timeout=CLOSE_WAIT_S)
+        raise KeyboardInterrupt  # Gradio closes the server on it
 
 
 def end_children() -> None:
@@ -108,6 +134,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
         return 2
     monitor = Monitor(registry)
+    shutdown = Shutdown(registry)
     try:
         demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins)
     except UntestedGradio as exc:
@@ -117,7 +144,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
         first = registry.start(default)  # in the background; the page is usable while it loads
-        loop = asyncio.get_running_loop()
+        loop = shutdown.loop = asyncio.get_running_loop()
         background = [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
         if worker is None:  # a worker's address is private: the supervisor announces the public one
             background.append(loop.create_task(
@@ -131,7 +158,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     middleware = [Middleware(GZipMiddleware, minimum_size=1024)]
     if worker is not None:
         middleware.append(Middleware(StickyCookie, value=str(worker.index)))
-    signal.signal(signal.SIGTERM, _interrupt)
+    shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
     demo.launch(
         css=CSS,

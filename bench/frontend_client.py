@@ -81,6 +81,7 @@ async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
 
 async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
     tab = Tab(http, url, page)
+    await tab.pin()
     for elem_id, value in request.settings.items():
         tab.set(elem_id, value)
     if request.history:
@@ -94,6 +95,7 @@ async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int
 
 async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
     tab = Tab(http, url, page, program=True)
+    await tab.pin()
     if request.history:
         await _seed(tab, request.history)
     seeded = tab.trace.direct + tab.trace.queued
@@ -181,6 +183,7 @@ def capture_chat(url: str, request: Request) -> list[dict[str, Any]]:
         async with _client(1) as http:
             page = await load_page(http, url)
             tab = Tab(http, url, page)
+            await tab.pin()
             for elem_id, value in request.settings.items():
                 tab.set(elem_id, value)
             tab.set("message", request.message)

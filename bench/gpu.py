@@ -53,7 +53,8 @@ class AppVariant:
     flush_ms: int | None = None
     levels: tuple[int, ...] = ()  # closed-loop levels to run it at; empty: all
     ws: bool = False  # also read the same server through the app's WebSocket API ("NAME-ws")
-    browser: bool = False  # also as a browser uses it: the Chat tab's events and live text ("app-browser")
+    browser: bool = False  # also as a browser uses it: the Chat tab's events and live text ("NAME-browser")
+    ui_workers: int | None = None  # app.py --ui-workers; None: the app's own choice
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -63,7 +64,7 @@ class AppVariant:
             key, _, value = option.partition("=")
             if key == "levels":
                 variant.levels = tuple(int(x) for x in value.split("/"))
-            elif key in ("max_threads", "flush_ms"):
+            elif key in ("max_threads", "flush_ms", "ui_workers"):
                 setattr(variant, key, int(value))
             elif key in ("ws", "browser"):
                 setattr(variant, key, value not in ("0", "false", "no"))
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
-                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:levels=1/8/..][:ws=1]; "
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1]; "
                          "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the same steps on the CPU engine (tiny)")
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.apps:
             apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
                                  flush_ms=variant.flush_ms, client_procs=args.client_procs,
-                                 max_threads=variant.max_threads))
+                                 max_threads=variant.max_threads, ui_workers=variant.ui_workers))
             apps[-1].notes["levels"] = variant.levels
             started.append(apps[-1])
         for variant, app in zip(list(args.apps), list(apps), strict=True):
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         for app in (a for a in apps if a.servers):
             app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
             event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
-                  f"flush {app.notes['flush_ms']} ms); {gpu_info()}")
+                  f"flush {app.notes['flush_ms']} ms, UI workers {app.notes.get('ui_workers') or 'auto'}); {gpu_info()}")
         our = [t.servers[0].pid for t in started] + [os.getpid()]
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
         index = 0

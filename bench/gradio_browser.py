@@ -54,6 +54,7 @@ class Page:
                 self.initial[c["id"]] = props["value"]
             elif "default_value" in props:  # BrowserState: kept in the browser's storage
                 self.initial[c["id"]] = props["default_value"]
+        self.sticky = False  # the app pins each browser to one of its UI workers by a cookie
         self.events: dict[int, Event] = {}
         self.listeners: dict[tuple[int, str], list[Event]] = defaultdict(list)
         self.followers: dict[int, list[Event]] = defaultdict(list)
@@ -83,8 +84,14 @@ class Page:
         return matches[0]
 
 
+STICKY_COOKIE = "chat_worker"  # chat/router.py's: the app runs several UI workers (--ui-workers)
+
+
 async def load_page(http: httpx.AsyncClient, base_url: str) -> Page:
-    return Page((await http.get(base_url.rstrip("/") + "/config")).json())
+    response = await http.get(base_url.rstrip("/") + "/config")
+    page = Page(response.json())
+    page.sticky = STICKY_COOKIE in response.cookies
+    return page
 
 
 @dataclass
@@ -128,7 +135,17 @@ class Tab:
         self.watch: Watch | None = None
         self._stream: asyncio.Task | None = None
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._pinned = not page.sticky
         self._early: dict[str, list[dict[str, Any]]] = defaultdict(list)  # messages before their join returned
+
+    async def pin(self) -> None:
+        """Take the UI worker the router gives a newcomer, and keep it, as a browser's own cookie
+        does (the benchmark's tabs share one HTTP client, so one cookie jar: the header wins)."""
+        if self._pinned:
+            return
+        self._pinned = True
+        response = await self.http.get(self.root + "/chat-worker", headers={"Cookie": ""})
+        self.headers["Cookie"] = f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"
 
     def set(self, elem_id: str, value: Any) -> None:
         self.values[self.page.component(elem_id)] = value
@@ -236,7 +253,8 @@ class Tab:
 
         assert self.watch is not None
         url = self.root.replace("http://", "ws://").replace("https://", "wss://") + "/chat"
-        async with websockets.connect(url, max_size=None, ping_interval=None) as socket:
+        cookie = {"Cookie": self.headers["Cookie"]} if "Cookie" in self.headers else None
+        async with websockets.connect(url, max_size=None, ping_interval=None, additional_headers=cookie) as socket:
             await socket.send(json.dumps({"type": "watch", "id": reply_id, "after": -1}))
             async for raw in socket:
                 event = json.loads(raw)
@@ -268,7 +286,8 @@ class Tab:
         while self._inboxes:
             got = False
             try:
-                async with self.http.stream("GET", f"{self.base}/queue/data", params={"session_hash": self.session}) as r:
+                async with self.http.stream("GET", f"{self.base}/queue/data", params={"session_hash": self.session},
+                                            headers=self.headers) as r:
                     async for line in r.aiter_lines():
                         got = True
                         if line.startswith("data:") and not self._deliver(json.loads(line[5:])):

@@ -111,7 +111,7 @@ def http_runner(url: str, data: Callable[[str, int], Any], count: Callable[[str]
 
 def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
              context_lines: int, flush_ms: int | None = None, client_procs: int = 1,
-             max_threads: int | None = None) -> Target:
+             max_threads: int | None = None, ui_workers: int | None = None) -> Target:
     """app.py as a subprocess; `max_threads`: launch it through bench/patched_app.py with that many
     Gradio queue slots instead of app.py's QUEUE_SLOTS (an experiment: app.py itself is unchanged)."""
     from chat.presets import load_preset
@@ -126,6 +126,8 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
             "--max-waiting", "1024"]
     if flush_ms is not None:
         argv += ["--flush-ms", str(flush_ms)]
+    if ui_workers is not None:
+        argv += ["--ui-workers", str(ui_workers)]
     server = Server(name, argv, logs / f"{name}.log", env=base_env(env)).start()
     url = f"http://127.0.0.1:{port}/"
 
@@ -139,7 +141,8 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
 
     path = Target(name, [server], lambda: [server.pid],
                   http_runner(url, data, count, check, context_lines, client_procs))
-    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or QUEUE_SLOTS}
+    path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or QUEUE_SLOTS,
+                  "ui_workers": ui_workers}
     return path
 
 
@@ -195,7 +198,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
             timelines.append(timeline)
         return timelines
 
-    target = Target("app-browser", [], app.frontend_pids, run)
+    target = Target(f"{app.name}-browser", [], app.frontend_pids, run)
     target.notes = {"url": url, "shares_server_with": app.name, "bursts_only": True}
     return target
 

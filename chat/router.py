@@ -2,8 +2,7 @@
 
 Gradio keeps a session's queue in the process that served its page (the join, the event stream and
 the `/chat` watch must reach the same process), so requests are routed by a cookie that each worker
-sets to its own number (`chat.workers.StickyCookie`); a request without one goes to the worker with
-the fewest open connections. The router reads only the request's head, then copies bytes both ways:
+sets to its own number (`StickyCookie`); a request without one goes to the next worker in turn. The router reads only the request's head, then copies bytes both ways:
 it never parses a response or a WebSocket frame. Each forwarded request asks the worker to close the
 connection after answering (WebSocket upgrades excepted), so every request's head is read and routed
 here, and the client address a worker sees (`X-Forwarded-For`, honoured by uvicorn from loopback)
@@ -159,14 +158,20 @@ class Router:
 
     def __init__(self, backends: Callable[[], list[Backend]]) -> None:
         self.backends = backends
+        self.newcomers = 0
 
     def choose(self, head: Head) -> Backend | None:
+        """The worker named by the request's cookie while it serves; else the next in turn (a crowd
+        arriving at once would all find the same worker least busy: their first requests are short)."""
         live = [b for b in self.backends() if b.port is not None and b.state == "serving"]
         wanted = head.cookie(COOKIE)
         for backend in live:
             if wanted == str(backend.index):
                 return backend
-        return min(live, key=lambda b: (b.connections, b.index), default=None)
+        if not live:
+            return None
+        self.newcomers += 1
+        return live[self.newcomers % len(live)]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -243,7 +248,7 @@ class Router:
                 healthy += 1
             else:
                 reasons.append(f"UI worker {backend.index} ({backend.state}): {body.get('reason') or 'not answering'}")
-            workers.append({"index": backend.index, "pid": backend.pid, "state": backend.state,
+            workers.append({"index": backend.index, "pid": backend.pid, "state": backend.state, "connections": backend.connections,
                             "status": body.get("status", "unavailable")})
             listed = body.get("engines")
             for engine in listed if isinstance(listed, list) else []:

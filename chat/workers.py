@@ -52,11 +52,15 @@ def free_port() -> int:
 
 
 class SharedEngine:
-    """One vLLM engine core for `preset`, started by this process, with `slots` client slots."""
+    """One vLLM engine core for `preset`, started by this process, with `slots` client slots.
+
+    vLLM 0.32 binds each slot's sockets here and hands them to the client that adopts them (the
+    same calls as `vllm serve --api-server-count`); vLLM 0.25 (the GPU host's) lets each client bind
+    its slot's address itself, so the addresses are fixed here first."""
 
     def __init__(self, preset: Preset, slots: int) -> None:
         from vllm import AsyncEngineArgs
-        from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+        from vllm.v1.engine import utils as engine_utils
         from vllm.v1.executor import Executor
 
         from chat.engine import engine_arguments
@@ -66,11 +70,19 @@ class SharedEngine:
         args = AsyncEngineArgs(model=str(folder), **engine_arguments(preset, folder))
         args._api_process_count, args._api_process_rank = slots, -1
         config = args.create_engine_config()
-        self.listeners = bind_engine_zmq_listeners(config, slots)
+        executor = Executor.get_class(config)
         self.slots = slots
         self.free = list(range(slots))
-        self._launch = launch_core_engines(config, Executor.get_class(config), True, self.listeners.addresses)
-        self.launch = self._launch.__enter__()
+        self.listeners: Any = None
+        if hasattr(engine_utils, "bind_engine_zmq_listeners"):
+            self.listeners = engine_utils.bind_engine_zmq_listeners(config, slots)
+            self._launch = engine_utils.launch_core_engines(config, executor, True, self.listeners.addresses)
+            launch = self._launch.__enter__()
+            self.manager, self.coordinator, self.addresses = launch.engine_manager, launch.coordinator, launch.addresses
+        else:
+            addresses = engine_utils.get_engine_zmq_addresses(config, slots, defer_api_server_ports=False)
+            self._launch = engine_utils.launch_core_engines(config, executor, True, addresses, slots)
+            self.manager, self.coordinator, self.addresses, _ = self._launch.__enter__()
 
     def wait_ready(self) -> None:
         """Blocking: return once the engine core has loaded the model (vLLM's start-up barrier)."""
@@ -80,30 +92,34 @@ class SharedEngine:
         if not self.free:
             return None
         index = self.free.pop(0)
-        input_listener, output_listener = self.listeners.inputs[index], self.listeners.outputs[index]
-        addresses: dict[str, Any] = {
-            "input_address": input_listener.address, "output_address": output_listener.address,
-            "input_listener": input_listener.socket, "output_listener": output_listener.socket,
-        }
+        addresses: dict[str, Any] = {"input_address": self.addresses.inputs[index],
+                                     "output_address": self.addresses.outputs[index]}
+        if self.listeners is not None:
+            input_listener, output_listener = self.listeners.inputs[index], self.listeners.outputs[index]
+            addresses |= {"input_address": input_listener.address, "output_address": output_listener.address,
+                          "input_listener": input_listener.socket, "output_listener": output_listener.socket}
+        if self.coordinator is not None:
+            addresses["stats_update_address"] = self.coordinator.get_stats_publish_address()
         return EngineSlot(addresses=addresses, count=self.slots, index=index)
 
     def handed_over(self, slot: EngineSlot) -> None:
         """The worker holds its own copy of the slot's sockets now."""
-        self.listeners.inputs[slot.index].close()
-        self.listeners.outputs[slot.index].close()
+        if self.listeners is not None:
+            self.listeners.inputs[slot.index].close()
+            self.listeners.outputs[slot.index].close()
 
     @property
     def alive(self) -> bool:
-        manager = self.launch.engine_manager
-        return manager is None or all(p.is_alive() for p in getattr(manager, "processes", []))
+        return self.manager is None or all(p.is_alive() for p in getattr(self.manager, "processes", []))
 
     def shutdown(self) -> None:
-        if self.launch.engine_manager is not None:
-            self.launch.engine_manager.shutdown()
-        if self.launch.coordinator is not None:
-            self.launch.coordinator.shutdown()
-        for listener in (*self.listeners.inputs, *self.listeners.outputs):
-            listener.cleanup()
+        if self.manager is not None:
+            self.manager.shutdown()
+        if self.coordinator is not None:
+            self.coordinator.shutdown()
+        if self.listeners is not None:
+            for listener in (*self.listeners.inputs, *self.listeners.outputs):
+                listener.cleanup()
 
 
 def run_worker(args: argparse.Namespace, index: int, slot: EngineSlot) -> None:

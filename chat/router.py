@@ -159,6 +159,7 @@ class Router:
     def __init__(self, backends: Callable[[], list[Backend]]) -> None:
         self.backends = backends
         self.newcomers = 0
+        self._handling: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to them
 
     def choose(self, head: Head) -> Backend | None:
         """The worker named by the request's cookie while it serves; else the next in turn (a crowd
@@ -174,6 +175,10 @@ class Router:
         return live[self.newcomers % len(live)]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handling.add(task)
+            task.add_done_callback(self._handling.discard)
         peer = writer.get_extra_info("peername")
         try:
             raw = await reader.readuntil(b"\r\n\r\n")
@@ -211,10 +216,14 @@ class Router:
             writer.close()
             return
         backend.connections += 1
+        upstream_writer.write(head.forwarded(peer))
+        upload = asyncio.create_task(_copy(reader, upstream_writer))
         try:
-            upstream_writer.write(head.forwarded(peer))
-            await asyncio.gather(_copy(reader, upstream_writer), _copy(upstream_reader, writer))
+            # The exchange lasts as long as the worker's answer; a client that goes away ends the
+            # upload, which the worker sees as a disconnect, and it closes its side.
+            await _copy(upstream_reader, writer)
         finally:
+            upload.cancel()
             backend.connections -= 1
             upstream_writer.close()
             writer.close()

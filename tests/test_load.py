@@ -43,7 +43,10 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list:
             leave = None
             if abandon_every and i % abandon_every == 0:
                 leave = "cancel" if (i // abandon_every) % 2 == 0 else "disconnect"
-            jobs.append(client.chat(data(f"Conversation {i}: name {i % 7 + 2} colours.", 24), leave=leave))
+            # A reader who leaves asks for a long reply, so it is still being written when they go
+            # (a 24-token one can end within the two updates it waits for when the machine is busy).
+            max_tokens = 400 if leave else 24
+            jobs.append(client.chat(data(f"Conversation {i}: name {i % 7 + 2} colours.", max_tokens), leave=leave))
         return await asyncio.gather(*jobs)
 
 

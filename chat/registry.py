@@ -157,6 +157,11 @@ class EngineRegistry:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line[:300]}).")
         else:
+            engine.phase = "warming up"
+            try:
+                await engine.warm_up()
+            except Exception:  # a reader's first request then pays for it; nothing else depends on it
+                log.info("Warming up the engine for %r failed", engine.preset.name, exc_info=True)
             engine.state = EngineState.READY
             engine.ready_at = time.monotonic()
             log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)

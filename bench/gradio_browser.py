@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from chat.router import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
+
 
 @dataclass(frozen=True)
 class Event:
@@ -82,9 +84,6 @@ class Page:
         if not matches:
             raise LookupError(f"the page has no event with api_name {name!r}")
         return matches[0]
-
-
-STICKY_COOKIE = "chat_worker"  # chat/router.py's: the app runs several UI workers (--ui-workers)
 
 
 async def load_page(http: httpx.AsyncClient, base_url: str) -> Page:

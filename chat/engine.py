@@ -347,15 +347,6 @@ class Engine:
         if self.llm is not None and self._streams:
             await self.llm.abort(list(self._streams))
 
-    async def stop_listening(self) -> None:
-        """Stop vLLM's output handler before `shutdown` closes its sockets: a handler still reading
-        then logs the closing as an engine death, with a traceback."""
-        handler = getattr(self.llm, "output_handler", None)
-        if isinstance(handler, asyncio.Task) and not handler.done():
-            handler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await handler
-
     # --- life cycle ------------------------------------------------------------------------
 
     def build(self, make_room: Callable[[Engine], None]) -> None:

@@ -120,13 +120,13 @@ class PresetCatalog:
     def sharing_engine_with(self, name: str) -> PresetCatalog:
         """Only the presets that run on `name`'s engine; the others become problems that say why
         (several UI workers share one engine core, `--ui-workers`)."""
-        engine_key = self.get(name).engine_key
+        chosen = self.get(name)
         problems = dict(self.problems)
         for other, preset in self.presets.items():
-            if preset.engine_key != engine_key:
-                problems[other] = (f"{other} needs another engine than {self.get(name).name}, and this demo runs one "
+            if preset.engine_key != chosen.engine_key:
+                problems[other] = (f"{other} needs another engine than {chosen.name}, and this demo runs one "
                                    "engine for several UI workers; start it with --ui-workers 1 to switch models.")
-        return PresetCatalog({n: p for n, p in self.presets.items() if p.engine_key == engine_key}, problems)
+        return PresetCatalog({n: p for n, p in self.presets.items() if p.engine_key == chosen.engine_key}, problems)
 
     def get(self, name: str) -> Preset:
         if name in self.presets:

@@ -193,7 +193,7 @@ class EngineRegistry:
             idle = [
                 e
                 for e in self._engines.values()
-                if e is not incoming and e.state is EngineState.READY and not e.streams and e.slot is None
+                if e is not incoming and e.state is EngineState.READY and not e.streams
             ]
             if not idle:
                 raise EngineBusy(
@@ -211,7 +211,6 @@ class EngineRegistry:
     async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
         await engine.abort_streams(reason)
-        await engine.stop_listening()
         await asyncio.to_thread(engine.shutdown)
         if self._engines.get(engine.key) is engine:
             del self._engines[engine.key]

@@ -99,7 +99,8 @@ class Head:
 
 def response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
              extra: Mapping[str, str] | None = None) -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Status")
+    reason = {200: "OK", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway",
+              503: "Service Unavailable"}.get(status, "Status")
     headers = {"Content-Type": content_type, "Content-Length": str(len(body)), "Connection": "close",
                "Cache-Control": "no-store", **(extra or {})}
     head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -243,6 +244,10 @@ class Router:
         return {b.index: a for b, a in zip(backends, answers, strict=True)}
 
     async def health(self) -> bytes:
+        status, body = await self.health_report()
+        return response(status, json.dumps(body).encode(), "application/json")
+
+    async def health_report(self) -> tuple[int, dict[str, object]]:
         """200 while at least one worker serves a healthy engine ("degraded" when another does not),
         503 with the reasons otherwise; each worker and its engines are listed."""
         answers = await self._each("/healthz", {})
@@ -266,7 +271,7 @@ class Router:
         result: dict[str, object] = {"status": status, "workers": workers, "engines": engines}
         if reasons:
             result["reason"] = "; ".join(reasons)
-        return response(200 if healthy else 503, json.dumps(result).encode(), "application/json")
+        return 200 if healthy else 503, result
 
     async def metrics(self, head: Head) -> bytes:
         passed = {k: v for k, v in head.headers if k.lower() in ("authorization", "cookie")}

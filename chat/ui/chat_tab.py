@@ -8,11 +8,11 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from chat.errors import ChatError
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest, Writing
@@ -78,6 +78,8 @@ def settings_panel(service: ChatService) -> Settings:
     return Settings(preset, card, system_prompt, knobs)
 
 
+# The page's script that keeps the engine line beneath the chat current (in the page's head).
+ENGINE_LINE_SCRIPT = f"<script>{Path(__file__).with_name('engine_line.js').read_text(encoding='utf-8')}</script>"
 TOGGLE_SETTINGS = "() => document.querySelector('#chat-settings').classList.toggle('open')"
 
 
@@ -152,16 +154,8 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
 
     async def warm_up(name: str) -> str:
         """Start loading (or wake) the chosen preset's engine as soon as it is picked."""
-        preset = service.preset(name)
-        return service.registry.prepare(preset).status()
-
-    async def engine_status(name: str) -> str:
-        try:
-            preset = service.preset(name)
-        except ChatError as exc:
-            return exc.message
-        engine = service.registry.peek(preset)
-        return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
+        service.registry.prepare(service.preset(name))
+        return service.engine_line(name)
 
     async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
         service.stop(stop_key(request))
@@ -200,6 +194,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     )
     parts = chat_parts(chat)
     chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
+    chat.new_chat_button.parent.elem_id = "chat-history"
     textbox.submit(
         turn, [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
@@ -211,7 +206,8 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")
         save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=170, size="sm")
-    status = gr.Markdown("Engine: starting…", elem_id="engine-status")
+    # Kept current by the page itself (engine_line.js asks /status), not by a Gradio timer.
+    status = gr.Markdown("Engine: checking…", elem_id="engine-status")
     saved_file = gr.File(label="Conversation as Markdown", visible=False, elem_id="saved-file", interactive=False)
 
     internal = {"queue": False, "api_visibility": "undocumented"}
@@ -225,7 +221,6 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
         [title, settings.card, settings.system_prompt, *settings.knobs, *([chatbot] if switch_examples else [])],
         **internal,
     ).then(warm_up, [settings.preset], [status], **internal)
-    gr.Timer(2.0).tick(engine_status, [settings.preset], [status], show_progress="hidden", **internal)
 
 
 def name_knob_parameters(fn: Callable[..., Any]) -> None:

@@ -67,6 +67,12 @@ html { scrollbar-gutter: stable; }
                         padding: 12px; background: var(--background-fill-primary); }
   #settings-open, #chat-settings.open #settings-header { display: flex; }
   #chat-header { flex-wrap: nowrap; align-items: flex-start; }
+  /* Gradio draws the buttons a moment after the text: their room is kept from the start, so the
+     chat does not move down when they come (a layout shift). The title wraps as it will beside
+     Settings; New chat and the Stop/Save row keep their height. */
+  #title { max-width: calc(100% - 110px - var(--layout-gap)); }
+  #chat-history { min-height: 29px; }
+  #chat-actions { min-height: 26px; }
   /* Room for the message box on the first screen: the preset's description is on its card in
      Settings, and the chat takes what is left. */
   #title p { display: none; }
@@ -82,6 +88,9 @@ html { scrollbar-gutter: stable; }
 .gradio-container:has(#chatbot [aria-busy="true"]) #stop,
 .gradio-container:has([id^="compare-chat-"] [aria-busy="true"]) #compare-stop { display: inline-flex; }
 #chat-actions { align-items: center; }
+/* No saved chats yet: Gradio first draws an empty row there and then removes it, moving the chat
+   (a layout shift on every first visit); an empty list takes no room at all. */
+#saved-chats:not(:has(td)) { display: none; }
 /* An empty bar chart (nothing compared yet) still draws an empty, unnamed mark group (axe's
    svg-img-alt); it shows nothing, so it is hidden until its bars come. */
 .vega-embed g[role="graphics-symbol"]:empty { display: none; }

@@ -17,8 +17,10 @@ from chat.service import ChatService
 from chat.ui import gradio_internals
 from chat.ui.capacity_tab import capacity_tab
 from chat.ui.chat_tab import ENGINE_LINE_SCRIPT, chat_tab
+from chat.ui.compare_api import compare_api
 from chat.ui.compare_tab import compare_tab
-from chat.ui.leaderboard_tab import Standings, leaderboard_tab
+from chat.ui.lazy import build_when_opened
+from chat.ui.leaderboard_tab import Standings, leaderboard_api, leaderboard_tab
 from chat.ui.live import HEAD as LIVE_SCRIPT
 from chat.ui.monitor_tab import monitor_tab
 from chat.ui.reply_api import reply_api
@@ -30,6 +32,7 @@ __all__ = ["CSS", "HEAD", "build_ui"]
 
 HEAD = MENDS_SCRIPT + LIVE_SCRIPT + ENGINE_LINE_SCRIPT
 
+OPEN_SHARED_LINK = "() => { if (new URLSearchParams(location.search).has('p')) document.querySelector('#compare-tab-button')?.click(); }"
 BANNER_REFRESH_S = 5.0  # how soon every page notices that a capacity test started or ended
 QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
 
@@ -47,20 +50,19 @@ def build_ui(
         if lab is not None:
             capacity_banner(lab)
         # "wrap": on a phone the tabs take a second row rather than hiding in a "⋯" menu.
+        # Only Chat is made with the page; the others when first opened (chat/ui/lazy.py says why).
         with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, concurrency_limit=concurrency_limit)
-            with gr.Tab("Compare", id="compare"):
-                compare = compare_tab(service, demo, tabs, store)
+            with gr.Tab("Compare", id="compare", elem_id="compare-tab") as compare_page:
+                build_when_opened(compare_page, lambda: compare_tab(service, demo, tabs, store))
             if store is not None:
+                standings = Standings(store)
                 with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_page:
-                    board = leaderboard_tab(Standings(store), admins, demo)
-                follow = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
-                leaderboard_page.select(board.refresh, [board.include_revealed], board.outputs, **follow)
-                for vote in compare.vote_events:  # a vote changes the ranking: show it at once
-                    vote.then(board.refresh, [board.include_revealed], board.outputs, **follow)
-            with gr.Tab("Monitor", id="monitor"):
-                monitor_tab(monitor)
+                    build_when_opened(leaderboard_page, lambda: leaderboard_tab(standings, admins, demo, leaderboard_page))
+                leaderboard_api(standings)
+            with gr.Tab("Monitor", id="monitor") as monitor_page:
+                build_when_opened(monitor_page, lambda: monitor_tab(monitor))
             if lab is not None:
                 with gr.Tab("Capacity", id="capacity", visible=False) as capacity_page:
                     capacity_tab(service, lab, admins)
@@ -69,6 +71,10 @@ def build_ui(
                     return gr.Tab(visible=admins.allows_request(request))
 
                 demo.load(show_capacity, None, [capacity_page], **QUIET)
+        # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
+        # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
+        demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")
+        compare_api(service, store)
         reply_api(service)
     gradio_internals.enable_queue(demo)
     return demo

@@ -3,7 +3,8 @@
 One event writes every column (`chat.fanout`, through the reply pipeline); the record (turns,
 replies, stats, votes) lives in `chat.compare`, the summary and exports in `chat.compare_report`,
 the share link in `chat.share_link`, and every vote is also kept in the app's `chat.votes` store for
-the leaderboard; this module only draws. Programs vote through the `/vote` endpoint.
+the leaderboard; this module only draws. The tab is made when first opened (chat/ui/lazy.py);
+programs compare and vote through `/compare` and `/vote` (chat/ui/compare_api.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,44 @@ def summary_frames(comparison: Comparison | None) -> tuple[pd.DataFrame, pd.Data
     return table, first_token, speed
 
 
+def begin_turn(service: ChatService, board: Board, picked: Sequence[str], blind: bool, prompt: str,
+               settings: Sequence[Mapping[str, Any]], session: str) -> list[Job]:
+    """Add the prompt as a turn of the session's comparison (starting it with the picked presets on
+    the first one): one job per column, with that column's preset and settings (`settings[i]` for
+    `picked[i]`). Raises ChatError with a sentence for the person (nothing is added then)."""
+    text = check_text(prompt, "Your message", new_message=True)
+    comparison = board.comparison or Comparison.start([service.preset(name) for name in picked], blind)
+    presets = [service.preset(column.preset) for column in comparison.columns]
+    sampling = [sampling_of(preset, picked, settings) for preset in presets]
+    board.comparison = comparison
+    turn = comparison.add_turn(text, sampling)
+    now = time.monotonic()  # one moment for all columns: their first-token times compare
+    return [job(comparison, entry, len(comparison.turns) - 1, session, now) for entry in turn.replies]
+
+
+def sampling_of(preset: Preset, picked: Sequence[str], settings: Sequence[Mapping[str, Any]]) -> Sampling:
+    """A picked preset's settings (those of its slot), checked against its ranges."""
+    if preset.name not in picked:
+        raise InputError(f"{preset.name} is not among the picked presets; press New comparison to change them.")
+    slot = list(picked).index(preset.name)
+    return preset.sampling.resolve(settings[slot] if slot < len(settings) else {})
+
+
+def slot_settings(knob_values: Sequence[Any]) -> list[dict[str, Any]]:
+    """The settings sliders' values (every knob of the first slot, then of the second, …) by slot."""
+    return [dict(zip(KNOB_NAMES, knob_values[slot * K:(slot + 1) * K], strict=True)) for slot in range(MAX_COLUMNS)]
+
+
+def job(comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> Job:
+    """The request that writes one column's reply to a turn, with that column's preset and settings."""
+    column = comparison.columns[entry.column]
+    return Job(entry, ReplyRequest(
+        comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
+        system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
+        submitted_at=submitted_at,
+    ))
+
+
 def knob_input(knob: Knob, slot: int) -> gr.components.Component:
     kind = PlainNumber if knob.name == "seed" else PlainSlider
     extra = {"precision": 0} if knob.name == "seed" else {"step": knob.step}
@@ -130,7 +169,6 @@ class CompareTab:
     def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> None:
         self.service = service
         self.store = store  # where votes last (None: in this page only)
-        self.vote_events: list[Any] = []  # each vote button's event, for the leaderboard to follow
         self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
         self.writing: set[str] = set()  # sessions writing replies now (one comparison turn at a time)
         names = service.preset_names()
@@ -187,9 +225,6 @@ class CompareTab:
         self.link = gr.Textbox(label="Share link: opens this setup (presets, settings, prompt)", interactive=False,
                                buttons=["copy"], elem_id="compare-link")
         self.link_query = gr.Textbox(visible=False)
-        # /vote for programs: the choice and turn as plain values, the answer as JSON.
-        self.api_choice, self.api_turn = gr.Textbox(visible=False), PlainNumber(visible=False)
-        self.api_answer, self.api_vote = gr.JSON(visible=False), gr.Button(visible=False)
         self.wire()
 
     @property
@@ -206,14 +241,12 @@ class CompareTab:
         quick = {"queue": False, "api_visibility": "undocumented", "show_progress": "hidden"}
         streaming = {"concurrency_limit": None, "show_progress": "hidden"}  # never one person at a time
         gr.on([self.send.click, self.prompt.submit], self.compare, [self.board, self.picked, self.blind, self.prompt,
-              *self.knobs], self.outputs, api_name="compare", **streaming)
+              *self.knobs], self.outputs, api_visibility="undocumented", **streaming)
         for column, button in enumerate(self.reruns):
             button.click(self.rerun_in(column), [self.board, self.rerun_turn], self.outputs,
                          api_visibility="undocumented", **streaming)
         for index, button in enumerate(self.votes):
-            self.vote_events.append(button.click(self.vote_for(index), [self.board], self.outputs, **quick))
-        self.api_vote.click(self.vote_api, [self.board, self.api_choice, self.api_turn], [self.board, self.api_answer],
-                            api_name="vote", concurrency_limit=None, show_progress="hidden")
+            button.click(self.vote_for(index), [self.board], self.outputs, **quick)
         self.stop.click(self.stop_all, None, None, **quick)
         self.new.click(self.start_over, [self.board, self.picked, self.blind], self.outputs, **quick)
         self.picked.input(self.pick, [self.picked, self.blind, self.slot_names, *self.knobs],
@@ -271,26 +304,11 @@ class CompareTab:
                     out[component] = gr.update(minimum=knob.minimum, maximum=knob.maximum, value=values[knob.name])
         return out
 
-    def sampling_of(self, preset: Preset, picked: Sequence[str], knob_values: Sequence[Any]) -> Sampling:
-        if preset.name not in picked:
-            raise InputError(f"{preset.name} is not among the picked presets; press New comparison to change them.")
-        slot = list(picked).index(preset.name)
-        return preset.sampling.resolve(dict(zip(KNOB_NAMES, knob_values[slot * K:(slot + 1) * K], strict=True)))
-
     def link_of(self, picked: Sequence[str], blind: bool, prompt: str, knob_values: Sequence[Any]) -> str:
         presets = [self.service.preset(name) for name in picked]
-        return encode_link(presets, [self.sampling_of(p, picked, knob_values) for p in presets], prompt, blind)
+        return encode_link(presets, [sampling_of(p, picked, slot_settings(knob_values)) for p in presets], prompt, blind)
 
     # --- events ------------------------------------------------------------------------------
-
-    def job(self, comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> Job:
-        """The request that writes one column's reply to a turn, with that column's preset and settings."""
-        column = comparison.columns[entry.column]
-        return Job(entry, ReplyRequest(
-            comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
-            system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
-            submitted_at=submitted_at,  # one moment for all columns: their first-token times compare
-        ))
 
     async def drive(self, board: Board, jobs: list[Job], session: str, first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
         """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports."""
@@ -312,19 +330,13 @@ class CompareTab:
             yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
             return
         try:
-            text = check_text(prompt, "Your message", new_message=True)
-            comparison = board.comparison or Comparison.start([self.service.preset(name) for name in picked], blind)
-            presets = [self.service.preset(column.preset) for column in comparison.columns]
-            sampling = [self.sampling_of(preset, picked, knob_values) for preset in presets]
-            first_prompt = comparison.turns[0].prompt if comparison.turns else text
-            query = self.link_of(picked, comparison.blind, first_prompt, knob_values)
+            jobs = begin_turn(self.service, board, picked, blind, prompt, slot_settings(knob_values), session)
         except ChatError as exc:
             yield {self.status: f"{PROBLEM} {exc.message}"}
             return
-        board.comparison = comparison
-        turn = comparison.add_turn(text, sampling)
-        now = time.monotonic()
-        jobs = [self.job(comparison, entry, len(comparison.turns) - 1, session, now) for entry in turn.replies]
+        comparison = board.comparison
+        assert comparison is not None
+        query = self.link_of(picked, comparison.blind, comparison.turns[0].prompt, knob_values)
         first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
                  self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
                  **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),
@@ -348,9 +360,10 @@ class CompareTab:
             except ChatError as exc:
                 yield {self.status: f"{PROBLEM} {exc.message}"}
                 return
-            job = self.job(comparison, entry, index, session, time.monotonic())
-            first = {self.status: "", **self.chats(comparison, [job]), **{b: gr.Button(interactive=False) for b in self.votes}}
-            async for update in self.drive(board, [job], session, first):
+            rerun_job = job(comparison, entry, index, session, time.monotonic())
+            first = {self.status: "", **self.chats(comparison, [rerun_job]),
+                     **{b: gr.Button(interactive=False) for b in self.votes}}
+            async for update in self.drive(board, [rerun_job], session, first):
                 yield update
 
         return rerun
@@ -369,20 +382,6 @@ class CompareTab:
                     **self.chats(comparison), **self.after_turn(board)}
 
         return vote_button
-
-    async def vote_api(self, board: Board, choice: Any, turn: Any, request: gr.Request) -> dict[Any, Any]:
-        """Vote on the latest turn of this session's comparison (made with /compare): `choice` is a
-        column's label (A, B, …), "tie" or "bad", or a vote button's words; `turn` is that turn's
-        number, or empty. Answers {ok, choice, turn, blind, message} or {ok: false, error}."""
-        comparison = board.comparison
-        try:
-            value = ballot.choice_of(comparison, choice, turn)
-            assert comparison is not None
-            cast = await ballot.cast(comparison, value, request.session_hash or "", self.store)
-        except ChatError as exc:
-            return {self.board: board, self.api_answer: {"ok": False, "error": exc.message}}
-        return {self.board: board, self.api_answer: {"ok": True, "choice": cast.choice, "turn": len(comparison.turns),
-                                                     "blind": cast.blind, "message": ballot.said(comparison, cast)}}
 
     async def stop_all(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
         self.service.stop(stop_key(request.session_hash or ""))

@@ -128,9 +128,10 @@ def chart(board: Leaderboard) -> str:
 
 
 class LeaderboardTab:
-    """The tab's components and events; `refresh` is also run after every Compare vote."""
+    """The tab's components and events: the standings are read when it opens and each time it is
+    selected again (a Compare vote changes them), or with Refresh."""
 
-    def __init__(self, standings: Standings, admins: Admins, demo: gr.Blocks) -> None:
+    def __init__(self, standings: Standings, admins: Admins, demo: gr.Blocks, page: gr.Tab) -> None:
         self.standings, self.admins = standings, admins
         gr.Markdown(INTRO, elem_id="leaderboard-intro")
         with gr.Row():
@@ -156,7 +157,7 @@ class LeaderboardTab:
             self.cancel = gr.Button("Keep them", size="sm", visible=False, elem_id="leaderboard-reset-cancel")
         self.status = gr.Markdown(elem_id="leaderboard-status")
         quick = {"api_visibility": "undocumented", "show_progress": "hidden", "concurrency_limit": None}
-        for trigger in (self.refresh_button.click, self.include_revealed.change):
+        for trigger in (demo.load, page.select, self.refresh_button.click, self.include_revealed.change):
             trigger(self.refresh, [self.include_revealed], self.outputs, **quick)
         self.reset.click(self.ask, None, [self.reset, self.confirm, self.cancel, self.status], **quick)
         self.cancel.click(self.keep, None, [self.reset, self.confirm, self.cancel, self.status], **quick)
@@ -165,7 +166,6 @@ class LeaderboardTab:
         if admins.anyone_can_be:
             demo.load(self.show_admin, None, [self.admin_row], queue=False, api_visibility="private",
                       show_progress="hidden")
-        gr.api(self.api, api_name="leaderboard", concurrency_limit=None)
 
     @property
     def outputs(self) -> list[Any]:
@@ -204,12 +204,17 @@ class LeaderboardTab:
         out = await self.refresh(include_revealed, request)
         return {**out, **self.keep(), self.status: f"Deleted {deleted:,} vote{'s' if deleted != 1 else ''}."}
 
-    async def api(self, include_revealed: bool = False) -> dict[str, Any]:
+def leaderboard_tab(standings: Standings, admins: Admins, demo: gr.Blocks, page: gr.Tab) -> LeaderboardTab:
+    return LeaderboardTab(standings, admins, demo, page)
+
+
+def leaderboard_api(standings: Standings) -> None:
+    """`/leaderboard` for programs (with the page, not with the tab: chat/ui/lazy.py)."""
+
+    async def leaderboard(include_revealed: bool = False) -> dict[str, Any]:
         """The leaderboard as data: standings best first (rating, 95% interval, votes, win rate,
         median first token and tokens/s), votes counted and left out, and the method."""
-        view = await self.standings.view(bool(include_revealed))
+        view = await standings.view(bool(include_revealed))
         return {**view.board.as_dict(), "votes_stored": view.votes}
 
-
-def leaderboard_tab(standings: Standings, admins: Admins, demo: gr.Blocks) -> LeaderboardTab:
-    return LeaderboardTab(standings, admins, demo)
+    gr.api(leaderboard, api_name="leaderboard", concurrency_limit=None)

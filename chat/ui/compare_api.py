@@ -1,0 +1,115 @@
+"""`/compare`, `/vote` and `/compare_stop` on the Gradio API: comparisons for programs.
+
+The Compare tab is made only in pages that open it (chat/ui/lazy.py), and its events with it, so
+programs get endpoints of their own, made with the page. Each program session (a `gradio_client`
+Client) has one comparison, as a page has; the latest `MAX_SESSIONS` sessions' comparisons are kept
+in memory. A turn goes through the same code as the tab's (`begin_turn`, `chat.fanout`, `chat.ballot`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import gradio as gr
+
+from chat import ballot
+from chat.compare import Comparison
+from chat.errors import ChatError
+from chat.fanout import Job, write_all
+from chat.service import ChatService
+from chat.ui.compare_tab import Board, begin_turn, column_messages, stop_key
+from chat.ui.messages import PROBLEM
+from chat.votes import VoteStore
+
+MAX_SESSIONS = 1000
+BUSY = f"{PROBLEM} Wait until every column has finished, or call /compare_stop."
+
+
+def view(comparison: Comparison | None, jobs: Sequence[Job] = (), status: str = "") -> dict[str, Any]:
+    """What /compare answers: {status, turn, columns: [{title, messages}]}, each message a chat
+    message as the tab shows it ({role, content, metadata}; the stats are the last one's title)."""
+    if comparison is None:
+        return {"status": status, "turn": 0, "columns": []}
+    return {
+        "status": status,
+        "turn": len(comparison.turns),
+        "columns": [
+            {"title": comparison.title(column),
+             "messages": [{"role": m.role, "content": m.content, "metadata": dict(m.metadata or {})}
+                          for m in column_messages(comparison, column, jobs)]}
+            for column in range(len(comparison.columns))
+        ],
+    }
+
+
+class CompareApi:
+    def __init__(self, service: ChatService, store: VoteStore | None, max_sessions: int = MAX_SESSIONS) -> None:
+        self.service, self.store, self.max_sessions = service, store, max_sessions
+        self.boards: OrderedDict[str, Board] = OrderedDict()
+        self.writing: set[str] = set()  # sessions whose turn is being written
+
+    def board(self, session: str) -> Board:
+        board = self.boards.pop(session, None) or Board()
+        self.boards[session] = board  # the most recently used last; the oldest are forgotten
+        while len(self.boards) > self.max_sessions:
+            self.boards.popitem(last=False)
+        return board
+
+    async def compare(
+        self, picked: list[str], blind: bool, prompt: str, sampling: list[dict[str, Any]] | None = None,
+        request: gr.Request | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One prompt to every column of this session's comparison, which the first prompt starts
+        with the picked presets (two to four; `blind` hides their names until a vote); `sampling`
+        holds each picked preset's settings by name (temperature, top_p, top_k, max_tokens,
+        repetition_penalty, seed; missing ones take the preset's defaults). Answers each column's
+        chat as it is written, then with its stats: {status, turn, columns: [{title, messages}]}."""
+        session = request.session_hash or "" if request is not None else ""
+        board = self.board(session)
+        if session in self.writing:
+            yield view(board.comparison, status=BUSY)
+            return
+        try:
+            jobs = begin_turn(self.service, board, list(picked or []), bool(blind), prompt, sampling or [], session)
+        except ChatError as exc:
+            yield view(board.comparison, status=f"{PROBLEM} {exc.message}")
+            return
+        self.writing.add(session)
+        try:
+            yield view(board.comparison, jobs)
+            async with contextlib.aclosing(write_all(self.service, jobs)) as redraws:
+                async for _ in redraws:
+                    yield view(board.comparison, jobs)
+            yield view(board.comparison)
+        finally:
+            self.writing.discard(session)
+
+    async def vote(self, choice: str | None, turn: int | str | None, request: gr.Request) -> dict[str, Any]:
+        """Vote on a turn of this session's comparison (the latest when `turn` is empty): `choice`
+        is a column's label (A, B, …), "tie" or "bad", or a vote button's words. Answers
+        {ok, choice, turn, blind, message} or {ok: false, error}."""
+        comparison = self.board(request.session_hash or "").comparison
+        try:
+            value = ballot.choice_of(comparison, choice, turn)
+            assert comparison is not None
+            cast = await ballot.cast(comparison, value, request.session_hash or "", self.store)
+        except ChatError as exc:
+            return {"ok": False, "error": exc.message}
+        return {"ok": True, "choice": cast.choice, "turn": len(comparison.turns), "blind": cast.blind,
+                "message": ballot.said(comparison, cast)}
+
+    async def stop(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        """Stop every column of this session's comparison."""
+        self.service.stop(stop_key(request.session_hash or ""))
+
+
+def compare_api(service: ChatService, store: VoteStore | None) -> CompareApi:
+    """Register the endpoints on the Blocks being built."""
+    api = CompareApi(service, store)
+    gr.api(api.compare, api_name="compare", concurrency_limit=None)
+    gr.api(api.vote, api_name="vote", concurrency_limit=None)
+    gr.api(api.stop, api_name="compare_stop", concurrency_limit=None)
+    return api

@@ -7,8 +7,9 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import quote
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, get_json
 
 PRESET = "SmolLM2 135M (CPU)"
 
@@ -94,6 +95,26 @@ def test_health_reports_the_engine_and_its_start_time(app_server):
     assert status == 200 and body["status"] == "ok"
     (engine,) = body["engines"]
     assert engine["preset"] == PRESET and engine["state"] == "ready" and engine["start_seconds"] > 0
+
+
+def test_status_gives_the_chat_tabs_engine_line_for_a_preset(app_server):
+    """What the page's engine line asks for every few seconds (chat/ui/engine_line.js)."""
+    status, body = get_json(app_server.url + "status?preset=" + quote(PRESET))
+    assert status == 200 and body["line"].startswith("Engine: Ready · ") and "KV cache" in body["line"]
+    status, body = get_json(app_server.url + "status?preset=" + quote("../../etc/passwd"))
+    assert status == 200 and body["line"].startswith("There is no preset named '../../etc/passwd'")
+
+
+def test_the_page_holds_only_the_chat_tab_and_programs_reach_every_endpoint(app_server):
+    """Compare, Leaderboard and Monitor are made when first opened (chat/ui/lazy.py): none of their
+    components is in the page's configuration, while their endpoints for programs are."""
+    status, config = get_json(app_server.url + "config")
+    assert status == 200
+    ids = {c["props"].get("elem_id") or "" for c in config["components"]}
+    assert "message" in ids and "engine-status" in ids
+    assert not [i for i in ids if i.startswith(("compare-", "leaderboard-", "monitor-"))], sorted(ids)
+    named = {d.get("api_name") for d in config["dependencies"]}
+    assert {"chat", "reply", "compare", "vote", "compare_stop", "leaderboard"} <= named
 
 
 def test_help_documents_every_flag_and_its_environment_variable():

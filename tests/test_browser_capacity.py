@@ -102,12 +102,13 @@ def test_someone_who_is_not_an_administrator_sees_no_capacity_or_reset_and_is_re
                              api_name="/capacity")
     assert refused[0] == f"⚠️ {NOT_ADMIN}", refused
     assert client.predict(api_name="/capacity_stop") == f"⚠️ {NOT_ADMIN}"
-    assert f"⚠️ {NOT_ADMIN}" in client.predict(False, api_name="/delete")
+    with pytest.raises(ValueError):  # the Leaderboard's events exist only in pages that opened it
+        client.predict(False, api_name="/delete")
 
 
 def test_an_administrator_can_reset_the_votes(signed_in, admin_app):
     client = Client(admin_app.url, auth=ADMIN, verbose=False)
-    client.predict([PRESET, "SmolLM2 135M (CPU, deterministic)"], True, "Say yes.", *[0.0, 0.9, 0, 4, 1.1, 1] * 4,
+    client.predict([PRESET, "SmolLM2 135M (CPU, deterministic)"], True, "Say yes.", [{"max_tokens": 4}] * 2,
                    api_name="/compare")
     assert client.predict("tie", None, api_name="/vote")["ok"]
     assert client.predict(False, api_name="/leaderboard")["votes_stored"] == 1

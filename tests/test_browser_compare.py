@@ -38,6 +38,18 @@ def open_page(browser, app_server):
         context.close()
 
 
+def test_compare_is_made_when_first_opened_and_keeps_what_was_typed(open_page):
+    page = open_page()
+    assert page.locator("#compare-prompt").count() == 0  # not in the page until the tab is opened
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare-prompt textarea").fill("Kept while I look at the chat.")
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#message textarea").wait_for()
+    page.get_by_role("tab", name="Compare").click()
+    assert page.locator("#compare-prompt textarea").input_value() == "Kept while I look at the chat."
+    assert page.locator("#compare-prompt").count() == 1  # made once
+
+
 def heading(page, column: int) -> str:
     return page.locator(f"#compare-heading-{column}").inner_text().strip()
 

@@ -210,13 +210,29 @@ def test_a_link_with_unknown_presets_or_bad_values_is_refused_plainly(catalog, q
     assert message in caught.value.message
 
 
+def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_forgotten():
+    from chat.ui.compare_api import CompareApi
+
+    api = CompareApi(service=None, store=None, max_sessions=2)  # the sessions' bookkeeping only
+    first = api.board("a")
+    assert api.board("a") is first
+    api.board("b")
+    api.board("a")  # used again: now the most recent
+    api.board("c")
+    assert list(api.boards) == ["a", "c"] and api.board("a") is first
+
+
 # --- through the running app ------------------------------------------------------------------
 
 
 def compare_inputs(prompt: str, max_tokens: int) -> list:
-    """The /compare endpoint's inputs: presets, blind, prompt, then six settings for each of four slots."""
-    slot = {"temperature": 0.0, "top_p": 0.9, "top_k": 0, "max_tokens": max_tokens, "repetition_penalty": 1.1, "seed": 1}
-    return [[CREATIVE, DETERMINISTIC], False, prompt, *list(slot.values()) * 4]
+    """The /compare endpoint's inputs: presets, blind, prompt, then each preset's settings by name."""
+    settings = {"temperature": 0.0, "top_p": 0.9, "top_k": 0, "max_tokens": max_tokens, "repetition_penalty": 1.1, "seed": 1}
+    return [[CREATIVE, DETERMINISTIC], False, prompt, [settings, settings]]
+
+
+def column_chats(update: dict) -> list[list[dict]]:
+    return [column["messages"] for column in update["columns"]]
 
 
 def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
@@ -227,7 +243,7 @@ def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
     job = client.submit(*compare_inputs("Write a short poem about the sea.", 40), api_name="/compare")
     chatbots = None
     for update in job:
-        chatbots = [value for value in update if isinstance(value, list) and value and isinstance(value[0], dict)]
+        chatbots = column_chats(update)
         now = time.monotonic()
         for column, messages in enumerate(chatbots[:2]):
             text = "".join(text_of(m["content"]) for m in messages if m["role"] == "assistant" and not m.get("metadata"))
@@ -255,22 +271,17 @@ def test_stop_from_another_request_stops_every_column(app_server):
 
     def watch() -> None:
         for update in job:
-            bots = [value for value in update if isinstance(value, list) and value and isinstance(value[0], dict)]
+            bots = column_chats(update)
             if bots and all(any(m["role"] == "assistant" and not m.get("metadata") for m in bot) for bot in bots[:2]):
                 started.set()
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     assert started.wait(90), "both columns should start writing"
-    client.predict(fn_index=_stop_index(client))
+    client.predict(api_name="/compare_stop")
     watcher.join(60)
     final = job.outputs()[-1]
-    titles = [bot[-1]["metadata"]["title"] for bot in final if isinstance(bot, list) and bot and isinstance(bot[0], dict)][:2]
+    titles = [bot[-1]["metadata"]["title"] for bot in column_chats(final)]
     assert all("stopped by you" in title for title in titles), titles
     assert app_server.wait_idle()["engines"][0]["running"] == 0
 
-
-def _stop_index(client) -> int:
-    config = client.config
-    stop_id = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "compare-stop")
-    return next(i for i, dep in enumerate(config["dependencies"]) if any(t[0] == stop_id for t in dep["targets"]))

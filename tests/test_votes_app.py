@@ -17,9 +17,9 @@ CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministi
 
 def compare(client: Client, prompt: str, blind: bool = True, max_tokens: int = 6) -> None:
     """One finished turn of a comparison in this client's session (the /compare endpoint's inputs:
-    presets, blind, prompt, then six settings for each of four preset slots)."""
-    slot = [0.0, 0.9, 0, max_tokens, 1.1, 1]
-    client.predict([CREATIVE, DETERMINISTIC], blind, prompt, *slot * 4, api_name="/compare")
+    presets, blind, prompt, then each preset's settings by name)."""
+    settings = {"temperature": 0.0, "max_tokens": max_tokens, "seed": 1}
+    client.predict([CREATIVE, DETERMINISTIC], blind, prompt, [settings, settings], api_name="/compare")
 
 
 def vote(client: Client, choice: object, turn: object = None) -> dict:

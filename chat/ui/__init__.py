@@ -32,7 +32,7 @@ __all__ = ["CSS", "HEAD", "build_ui"]
 
 HEAD = MENDS_SCRIPT + LIVE_SCRIPT + ENGINE_LINE_SCRIPT
 
-OPEN_SHARED_LINK = "() => { if (new URLSearchParams(location.search).has('p')) document.querySelector('#compare-tab-button')?.click(); }"
+OPEN_SHARED_LINK = "() => { if (new URLSearchParams(location.search).has('p')) document.querySelector('#tab-compare-button')?.click(); }"
 BANNER_REFRESH_S = 5.0  # how soon every page notices that a capacity test started or ended
 QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
 
@@ -54,13 +54,12 @@ def build_ui(
         with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, concurrency_limit=concurrency_limit)
-            with gr.Tab("Compare", id="compare", elem_id="compare-tab") as compare_page:
+            with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_page:
                 build_when_opened(compare_page, lambda: compare_tab(service, demo, tabs, store))
-            if store is not None:
-                standings = Standings(store)
+            standings = Standings(store) if store is not None else None
+            if standings is not None:
                 with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_page:
                     build_when_opened(leaderboard_page, lambda: leaderboard_tab(standings, admins, demo, leaderboard_page))
-                leaderboard_api(standings)
             with gr.Tab("Monitor", id="monitor") as monitor_page:
                 build_when_opened(monitor_page, lambda: monitor_tab(monitor))
             if lab is not None:
@@ -74,7 +73,10 @@ def build_ui(
         # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
         demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")
+        # Endpoints for programs, outside the tabs (a component among a Tabs' children reads as a tab).
         compare_api(service, store)
+        if standings is not None:
+            leaderboard_api(standings)
         reply_api(service)
     gradio_internals.enable_queue(demo)
     return demo

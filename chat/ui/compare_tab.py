@@ -160,7 +160,7 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
     kind = PlainNumber if knob.name == "seed" else PlainSlider
     extra = {"precision": 0} if knob.name == "seed" else {"step": knob.step}
     return kind(value=knob.default, minimum=knob.minimum, maximum=knob.maximum, label=knob.label, info=knob.help,
-                elem_id=f"compare-knob-{slot}-{knob.name}", **extra)
+                elem_id=f"compare-knob-{slot}-{knob.name}", interactive=True, **extra)
 
 
 class CompareTab:
@@ -173,12 +173,15 @@ class CompareTab:
         self.writing: set[str] = set()  # sessions writing replies now (one comparison turn at a time)
         names = service.preset_names()
         first = names[:2]
+        # Inputs say they are: Gradio guesses it from the events' inputs, and inside gr.render
+        # (the tab is made when opened) it guesses some of them wrong.
         gr.Markdown(INTRO, elem_id="compare-intro")
         self.board, self.slot_names = gr.State(Board()), gr.State(first)
         with gr.Row():
             self.picked = gr.CheckboxGroup(names, value=first, label="Presets to compare", scale=3, elem_id="compare-presets",
+                                           interactive=True,
                                            info="Two to four. Presets on one model share its engine.")
-            self.blind = gr.Checkbox(label="Blind", scale=1, elem_id="compare-blind",
+            self.blind = gr.Checkbox(label="Blind", scale=1, elem_id="compare-blind", interactive=True,
                                      info="Hide which preset wrote which column until you vote.")
         self.slot_boxes, self.slot_headings, self.knobs = [], [], []
         with gr.Accordion("Settings per preset", open=False, elem_id="compare-settings"), gr.Row():
@@ -200,14 +203,15 @@ class CompareTab:
                     self.reruns.append(gr.Button("Rerun with these settings", size="sm", elem_id=f"compare-rerun-{i}"))
         with gr.Row():
             self.prompt = gr.Textbox(placeholder="One prompt for every column; press Enter to send", show_label=False,
-                                     scale=6, elem_id="compare-prompt")
+                                     scale=6, elem_id="compare-prompt", interactive=True)
             self.send = gr.Button("Send", variant="primary", scale=1, elem_id="compare-send")
             self.stop = gr.Button("Stop", variant="stop", scale=1, elem_id="compare-stop")
             self.new = gr.Button("New comparison", scale=1, elem_id="compare-new")
         self.status = gr.Markdown(elem_id="compare-status")
         with gr.Row():
             self.votes = [gr.Button(visible=False, elem_id=f"compare-vote-{i}", min_width=100) for i in range(MAX_COLUMNS + 2)]
-            self.rerun_turn = gr.Dropdown([], label="Turn that Rerun repeats", elem_id="compare-rerun-turn", scale=2)
+            self.rerun_turn = gr.Dropdown([], label="Turn that Rerun repeats", elem_id="compare-rerun-turn", scale=2,
+                                          interactive=True)
         gr.Markdown("### Session summary")
         table, first_token, speed = summary_frames(None)
         self.table = gr.Dataframe(table, interactive=False, elem_id="compare-summary", show_label=False)

@@ -136,7 +136,7 @@ class LeaderboardTab:
         gr.Markdown(INTRO, elem_id="leaderboard-intro")
         with gr.Row():
             self.include_revealed = gr.Checkbox(label="Also count votes cast after the names were shown", value=False,
-                                                elem_id="leaderboard-revealed", scale=3)
+                                                elem_id="leaderboard-revealed", scale=3, interactive=True)
             self.refresh_button = gr.Button("Refresh", size="sm", scale=1, elem_id="leaderboard-refresh")
         self.summary = gr.Markdown(EMPTY, elem_id="leaderboard-summary")
         self.table = gr.Dataframe(pd.DataFrame(columns=COLUMNS), interactive=False, show_label=False,

@@ -220,6 +220,9 @@ def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_fo
     api.board("a")  # used again: now the most recent
     api.board("c")
     assert list(api.boards) == ["a", "c"] and api.board("a") is first
+    api.writing.add("c")  # a comparison being written is kept however old
+    api.board("d")
+    assert list(api.boards) == ["c", "d"]
 
 
 # --- through the running app ------------------------------------------------------------------
@@ -285,3 +288,13 @@ def test_stop_from_another_request_stops_every_column(app_server):
     assert all("stopped by you" in title for title in titles), titles
     assert app_server.wait_idle()["engines"][0]["running"] == 0
 
+
+
+def test_malformed_settings_through_the_api_are_refused_with_a_sentence(app_server):
+    from gradio_client import Client
+
+    client = Client(app_server.url, verbose=False)  # a session of its own: no comparison yet
+    result = client.predict([CREATIVE, DETERMINISTIC], False, "Hi", [1, 2], api_name="/compare")
+    assert result["status"].startswith("⚠️ sampling is a list") and result["columns"] == [], result
+    result = client.predict([CREATIVE, DETERMINISTIC], False, "Hi", [{"temprature": 1}, {}], api_name="/compare")
+    assert "Unknown setting 'temprature'" in result["status"] and result["turn"] == 0, result

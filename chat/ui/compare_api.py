@@ -26,6 +26,8 @@ from chat.votes import VoteStore
 
 MAX_SESSIONS = 1000
 BUSY = f"{PROBLEM} Wait until every column has finished, or call /compare_stop."
+SAMPLING_SHAPE = ("sampling is a list with one object of settings per picked preset, "
+                  'e.g. [{"temperature": 0.2}, {"max_tokens": 64}].')
 
 
 def view(comparison: Comparison | None, jobs: Sequence[Job] = (), status: str = "") -> dict[str, Any]:
@@ -54,8 +56,9 @@ class CompareApi:
     def board(self, session: str) -> Board:
         board = self.boards.pop(session, None) or Board()
         self.boards[session] = board  # the most recently used last; the oldest are forgotten
-        while len(self.boards) > self.max_sessions:
-            self.boards.popitem(last=False)
+        idle = [name for name in self.boards if name not in self.writing]  # not one being written
+        for name in idle[:max(0, len(self.boards) - self.max_sessions)]:
+            del self.boards[name]
         return board
 
     async def compare(
@@ -71,6 +74,9 @@ class CompareApi:
         board = self.board(session)
         if session in self.writing:
             yield view(board.comparison, status=BUSY)
+            return
+        if sampling is not None and not (isinstance(sampling, list) and all(isinstance(s, dict) for s in sampling)):
+            yield view(board.comparison, status=f"{PROBLEM} {SAMPLING_SHAPE}")
             return
         try:
             jobs = begin_turn(self.service, board, list(picked or []), bool(blind), prompt, sampling or [], session)

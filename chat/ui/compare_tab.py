@@ -334,13 +334,15 @@ class CompareTab:
             yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
             return
         try:
+            started = board.comparison
+            first_prompt = started.turns[0].prompt if started and started.turns else prompt
+            query = self.link_of(picked, started.blind if started else blind, first_prompt, knob_values)
             jobs = begin_turn(self.service, board, picked, blind, prompt, slot_settings(knob_values), session)
         except ChatError as exc:
             yield {self.status: f"{PROBLEM} {exc.message}"}
             return
         comparison = board.comparison
         assert comparison is not None
-        query = self.link_of(picked, comparison.blind, comparison.turns[0].prompt, knob_values)
         first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
                  self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
                  **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),

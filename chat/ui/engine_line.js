@@ -17,11 +17,14 @@
   async function refresh() {
     // The text Gradio drew for the Markdown: changing it in place keeps Gradio's own redraws working.
     const line = document.querySelector("#engine-status .md p");
-    if (!line || document.hidden || asking || !line.checkVisibility()) return;
+    // checkVisibility: hidden in a closed tab or panel (browsers without it: assume shown).
+    if (!line || document.hidden || asking || line.checkVisibility?.() === false) return;
     found = true;
+    const box = document.querySelector("#preset input");
+    if (box && box === document.activeElement) return; // a name half typed to filter the list
     asking = true;
     try {
-      const preset = document.querySelector("#preset input")?.value ?? "";
+      const preset = box?.value ?? "";
       const response = await fetch(statusUrl(preset), { cache: "no-store" });
       if (response.ok) {
         const text = (await response.json()).line;

@@ -63,3 +63,8 @@ class EngineBusy(EngineError):
 
 class EngineFailed(EngineError):
     pass
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (its type's name when it has none), for a one-line log or status."""
+    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)

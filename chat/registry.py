@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Iterator
 
 from chat import metrics
 from chat.engine import RESTARTING, Engine, EngineSlot, EngineState
-from chat.errors import ChatError, EngineBusy
+from chat.errors import ChatError, EngineBusy, first_line
 from chat.presets import Preset
 
 log = logging.getLogger(__name__)
@@ -154,8 +154,7 @@ class EngineRegistry:
             self._mark_failed(engine, exc.message)
         except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log
             log.exception("The engine for preset %r failed to start", engine.preset.name)
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line[:300]}).")
+            self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line(exc)[:300]}).")
         else:
             engine.phase = "warming up"
             try:

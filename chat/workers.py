@@ -34,7 +34,7 @@ from typing import Any
 
 from chat import logs
 from chat.engine import EngineSlot
-from chat.errors import PresetError
+from chat.errors import PresetError, first_line
 from chat.presets import Preset, PresetCatalog
 from chat.router import MAX_HEAD_BYTES, Backend, Router
 
@@ -174,7 +174,7 @@ class Supervisor:
         try:
             engine = await asyncio.to_thread(SharedEngine, self.preset, self.count + SPARE_SLOTS)
         except Exception as exc:
-            log.error("The engine for %r could not start: %s", self.preset.name, _first_line(exc))
+            log.error("The engine for %r could not start: %s", self.preset.name, first_line(exc))
             return False
         try:
             for backend in self.backends:
@@ -182,7 +182,7 @@ class Supervisor:
             try:
                 await asyncio.to_thread(engine.wait_ready)
             except Exception as exc:
-                log.error("The engine for %r could not start: %s", self.preset.name, _first_line(exc))
+                log.error("The engine for %r could not start: %s", self.preset.name, first_line(exc))
                 return False
             announced = False
             while not self.stopping.is_set():
@@ -247,10 +247,6 @@ class Supervisor:
                 process.kill()
                 process.join()
         self.processes.clear()
-
-
-def _first_line(exc: Exception) -> str:
-    return next(iter(str(exc).strip().splitlines()), type(exc).__name__)
 
 
 async def _listening(port: int) -> bool:

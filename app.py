@@ -37,11 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(catalog.presets)} valid, {len(catalog.problems)} invalid preset file(s).")
         return 1 if catalog.problems else 0
 
-    from chat.engine import on_cpu
+    from chat.engine_core import on_cpu
 
     workers = settings.ui_workers(args, has_gpu=not on_cpu())
     if workers > 1:
-        from chat.workers import supervise
+        from chat.supervisor import supervise
 
         return supervise(args, catalog, workers)
     from chat.server import serve

@@ -46,7 +46,7 @@ def build(preset_path: Path) -> tuple[Any, Any]:
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from chat.engine import engine_arguments
+    from chat.engine_core import engine_arguments
     from chat.models import resolve_model
     from chat.presets import load_preset
 

@@ -206,7 +206,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
 def example_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
                  context_lines: int, max_tokens: int, concurrency_limit: int = 0,
                  api: Server | None = None, api_port: int | None = None, client_procs: int = 1) -> Target:
-    from chat.engine import engine_arguments
+    from chat.engine_core import engine_arguments
     from chat.models import resolve_model
     from chat.presets import load_preset
 

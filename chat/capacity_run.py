@@ -21,15 +21,18 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from chat.capacity import MAX_REQUESTS, MAX_RUN_S, Plan, Report, StepResult, StepTally, machine
 from chat.engine import Engine
 from chat.errors import ChatError, InputError, Stopped
 from chat.presets import Preset
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Writing
+
+ALREADY_RUNNING = "A capacity test is already running; wait for it to end, or press Stop."
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,7 @@ class CapacityRun:
         self._clear.set()
         self._presets: dict[str, Preset] = {}
         self._warm: set[str] = set()
+        self.on_done: Callable[[], None] | None = None  # give back the app-wide right to run a test
 
     def stop(self, why: str = "stopped by you") -> None:
         """End the test now: every request of it is aborted at once."""
@@ -125,6 +129,8 @@ class CapacityRun:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             self.done = True
+            if self.on_done is not None:
+                self.on_done()
 
     async def _drive(self) -> None:
         plan = self.plan
@@ -182,9 +188,11 @@ class CapacityRun:
                  for user in range(1, users + 1)]
         try:
             while (now := time.monotonic()) < ends and not self.stopped and not all(t.done() for t in tasks):
-                visitors = max(engine.streams - self._own[engine.key], 0)
+                view = self.service.registry.view(preset)  # the whole app's, with several UI workers
+                streams, waiting = (view.streams, view.waiting) if view else (engine.streams, engine.load.waiting)
+                visitors = max(streams - self._own[engine.key], 0)
                 tally.visitors_max = max(tally.visitors_max, visitors)
-                held = engine.load.waiting > 0 and visitors > 0
+                held = waiting > 0 and visitors > 0
                 if held:
                     tally.paused_s += TICK_S
                     self._clear.clear()
@@ -266,30 +274,69 @@ class CapacityRun:
                       self.ended or "still running", tuple(notes))
 
 
+class CapacityLease(Protocol):
+    """One capacity test at a time for the whole app, when several UI workers serve it: the engine
+    owner lends the right to run one (chat/owner_link.py)."""
+
+    on_capacity_stop: list[Callable[[], None]]
+
+    async def take_capacity(self, presets: list[str], nominal_s: float, by: str) -> None: ...
+
+    def give_back_capacity(self) -> None: ...
+
+    def capacity_elsewhere(self) -> dict[str, Any] | None: ...
+
+    async def stop_capacity_elsewhere(self) -> None: ...
+
+
 class CapacityLab:
     """The app's capacity tests: one at a time, and what the page tells every visitor about it."""
 
-    def __init__(self, service: ChatService) -> None:
+    def __init__(self, service: ChatService, lease: CapacityLease | None = None) -> None:
         self.service = service
+        self.lease = lease
         self.current: CapacityRun | None = None
+        if lease is not None:
+            lease.on_capacity_stop.append(self._stop_asked)
 
     @property
     def running(self) -> CapacityRun | None:
         run = self.current
         return run if run is not None and not run.done else None
 
-    def begin(self, plan: Plan, by: str = "") -> CapacityRun:
+    async def begin(self, plan: Plan, by: str = "") -> CapacityRun:
         if self.running is not None:
-            raise InputError("A capacity test is already running; wait for it to end, or press Stop.")
-        self.current = CapacityRun(self.service, plan, by)
-        return self.current
+            raise InputError(ALREADY_RUNNING)
+        if self.lease is not None:
+            await self.lease.take_capacity(list(plan.presets), plan.nominal_s, by)
+        run = self.current = CapacityRun(self.service, plan, by)
+        if self.lease is not None:
+            run.on_done = self.lease.give_back_capacity
+        return run
+
+    async def stop(self) -> bool:
+        """Stop the test running here or in another UI worker; False when none runs."""
+        if self.running is not None:
+            self.running.stop()
+            return True
+        if self.lease is not None and self.lease.capacity_elsewhere() is not None:
+            await self.lease.stop_capacity_elsewhere()
+            return True
+        return False
+
+    def _stop_asked(self) -> None:
+        if self.running is not None:
+            self.running.stop()
 
     def banner(self) -> str:
         """A sentence for every visitor while a test runs; empty otherwise."""
         run = self.running
-        if run is None:
+        if run is not None:
+            presets, left = list(run.plan.presets), run.plan.nominal_s - (time.monotonic() - run._began)
+        elif self.lease is not None and (elsewhere := self.lease.capacity_elsewhere()) is not None:
+            presets, left = list(elsewhere.get("presets", [])), float(elsewhere.get("ends_at", 0)) - time.time()
+        else:
             return ""
-        left = run.plan.nominal_s - (time.monotonic() - run._began)
         minutes = round(left / 60)
         when = "for less than a minute more" if minutes < 1 else f"for about {minutes} more minute{'s' if minutes > 1 else ''}"
-        return f"A capacity test is running on {' and '.join(run.plan.presets)}: replies may be slower {when}."
+        return f"A capacity test is running on {' and '.join(presets)}: replies may be slower {when}."

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from chat import cpu
+from chat.engine_core import EngineSlot, SharedCore, engine_args, engine_arguments, join_core, on_cpu
 from chat.errors import EngineBusy, EngineError, EngineFailed, SettingsError
 from chat.models import resolve_model, weights_bytes
 from chat.presets import Preset
@@ -55,6 +55,7 @@ class EngineLoad:
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
     generated_tokens: int = 0  # since the engine started
+    updated_at: float = 0.0  # wall clock of the latest scheduler step seen (several clients: the newest wins)
 
 
 def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
@@ -70,6 +71,7 @@ def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
                 load.generated_tokens += iteration_stats.num_generation_tokens
             if scheduler_stats is None:
                 return
+            load.updated_at = time.time()
             load.running = scheduler_stats.num_running_reqs
             load.waiting = scheduler_stats.num_waiting_reqs
             load.kv_cache_usage = scheduler_stats.kv_cache_usage
@@ -82,24 +84,6 @@ def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
             pass
 
     return LoadRecorder
-
-
-def on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
-def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
-    """The preset's engine arguments completed for this machine. On a CPU, a preset that names no
-    dtype gets the fastest one for the processor, and the engine's processes the environment that
-    suits it (chat/cpu.py)."""
-    engine_args = dict(preset.engine)
-    engine_args.setdefault("served_model_name", preset.model if preset.model_kind == "hub" else folder.name)
-    if on_cpu():
-        engine_args.setdefault("dtype", cpu.best_dtype())
-        cpu.tune_environment()
-    return engine_args
 
 
 @dataclass(frozen=True)
@@ -165,16 +149,6 @@ def sampling_params(sampling: Sampling, max_tokens: int, ignore_eos: bool = Fals
         ) from exc
 
 
-@dataclass(frozen=True)
-class EngineSlot:
-    """This process's place at an engine core that another process started (`--ui-workers`): vLLM's
-    client addresses (with the listening sockets to adopt), how many clients it greets, which one."""
-
-    addresses: dict[str, Any]
-    count: int
-    index: int
-
-
 @dataclass
 class Engine:
     """One AsyncLLM and what the app knows about it."""
@@ -198,7 +172,10 @@ class Engine:
     refusal: EngineBusy | None = None  # why it was not started (no room); asking again may work
     start_delay_s: float = 0.0  # a restart after a crash waits this long first
     on_death: Callable[[Engine], object] | None = None  # set by the registry: restart it
-    slot: EngineSlot | None = None  # a client of a shared engine core instead of an engine of its own
+    slot: EngineSlot | None = None  # a client of a core that another process owns (chat/owner.py)
+    core: SharedCore | None = None  # the core this process started for other processes to join
+    generation: int = 0  # which start of the shared core the client is on (chat/owner.py counts them)
+    held: asyncio.Event | None = None  # set while the owner makes room with this engine: new requests wait
     _streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it, with a reason
     task: asyncio.Task[None] | None = None  # starting or waking it (the registry runs it)
 
@@ -349,34 +326,38 @@ class Engine:
 
     # --- life cycle ------------------------------------------------------------------------
 
-    def build(self, make_room: Callable[[Engine], None]) -> None:
-        """Blocking: find the model, make room for it, start vLLM. Runs in a worker thread."""
-        from vllm import AsyncEngineArgs
+    def build(self, make_room: Callable[[Engine], None], shared_slots: int = 0, sockets: Path | None = None) -> None:
+        """Blocking: find the model, make room for it, start vLLM. Runs in a worker thread.
+
+        With `slot` set this joins a core that another process started; with `shared_slots` it
+        starts a core for that many clients (this process takes slot 0) in the folder `sockets`."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.phase = "finding the model"
         folder = resolve_model(self.preset, report=self._report)
         self.model_dir = folder
-        engine_args = engine_arguments(self.preset, folder)
-        args = AsyncEngineArgs(model=str(folder), **engine_args)
         stat_loggers = [_load_recorder(self.load)]
-        if self.slot is not None:  # the engine's memory is the supervisor's, not this budget's
-            self.phase = "waiting for the shared engine"
-            args._api_process_count, args._api_process_rank = self.slot.count, self.slot.index
-            self.llm = AsyncLLM.from_vllm_config(
-                args.create_engine_config(), stat_loggers=stat_loggers, client_addresses=dict(self.slot.addresses),
-                client_count=self.slot.count, client_index=self.slot.index,
-            )
+        if self.slot is not None:  # the engine's memory is the owner's, not this budget's
+            self.phase = "joining the shared engine"
+            self.llm = join_core(self.preset, folder, self.slot, stat_loggers)
         else:
+            args = engine_args(self.preset, folder)
             if on_cpu():
-                kv_bytes = engine_args.get("kv_cache_memory_bytes") or 4 << 30
-                self.memory_need = kv_bytes + weights_bytes(folder, engine_args.get("dtype"))
+                arguments = engine_arguments(self.preset, folder)
+                kv_bytes = arguments.get("kv_cache_memory_bytes") or 4 << 30
+                self.memory_need = kv_bytes + weights_bytes(folder, arguments.get("dtype"))
             else:
                 self.memory_need = float(args.gpu_memory_utilization)
             make_room(self)
             self.phase = "loading the model into vLLM"
             log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)
-            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
+            if shared_slots:
+                assert sockets is not None
+                self.core = SharedCore(self.preset, folder, shared_slots, sockets)
+                self.core.wait_ready()
+                self.llm = join_core(self.preset, folder, self.core.slot(0), stat_loggers)
+            else:
+                self.llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
         self.max_model_len = self.llm.model_config.max_model_len
         self.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
 
@@ -387,7 +368,10 @@ class Engine:
     @property
     def died(self) -> bool:
         """The engine's process stopped while it was READY (found by the registry's watch)."""
-        return self.state is EngineState.READY and self.llm is not None and bool(self.llm.errored)
+        if self.state is not EngineState.READY or self.llm is None:
+            return False
+        # A client of a core that was killed outright is not told; the core's owner sees its processes.
+        return bool(self.llm.errored) or (self.core is not None and not self.core.alive)
 
     async def sleep(self) -> None:
         """CUDA sleep mode: weights to CPU memory, KV cache dropped."""
@@ -401,6 +385,9 @@ class Engine:
     def shutdown(self) -> None:
         """Blocking: free the engine's memory. Abort streams first or they hang forever."""
         llm, self.llm = self.llm, None
+        core, self.core = self.core, None
         self.state = EngineState.CLOSED
         if llm is not None:
             llm.shutdown()
+        if core is not None:
+            core.shutdown()

@@ -1,7 +1,7 @@
 """The last minutes of engine load, sampled every few seconds for the Monitor view.
 
-One sampler per process (started with the server) reads each loaded engine's scheduler view and
-the app's recent first-token times. `Monitor.charts()` shapes them into what a person reads (axis
+One sampler per process (started with the server) reads each loaded engine's view from the
+registry: its scheduler's load and the recent first-token times, for the whole app. `Monitor.charts()` shapes them into what a person reads (axis
 titles in words, values rounded, a time axis that spans the whole window); the UI only draws it.
 """
 
@@ -14,10 +14,8 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from chat import metrics
 from chat.engine import EngineState
 from chat.registry import EngineRegistry
-from chat.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ class Monitor:
         self.every_s = every_s
         self.window_s = window_s
         self.samples: deque[Sample] = deque(maxlen=int(window_s / every_s) * 8)
-        self._last_tokens: dict[int, tuple[float, int]] = {}  # engine id -> (time, generated)
+        self._last_tokens: dict[str, tuple[float, int]] = {}  # engine key -> (time, generated)
 
     async def run(self) -> None:
         while True:
@@ -140,25 +138,22 @@ class Monitor:
 
     def sample(self) -> None:
         now, wall = time.monotonic(), time.time()
-        recent = [(preset, s) for t, preset, s in metrics.RECENT_FIRST_TOKENS if now - t <= 60]
-        for engine in self.registry:
-            if engine.state is not EngineState.READY:
+        for view in self.registry.overview(first_tokens=True):
+            if view.state != EngineState.READY.value:
                 continue
-            load = engine.load
-            before = self._last_tokens.get(id(engine))
-            self._last_tokens[id(engine)] = (now, load.generated_tokens)
-            rate = 0.0 if before is None else (load.generated_tokens - before[1]) / max(now - before[0], 1e-6)
-            ttfts = sorted(s for preset, s in recent if preset == engine.preset.name)
+            before = self._last_tokens.get(view.key)
+            self._last_tokens[view.key] = (now, view.generated_tokens)
+            rate = 0.0 if before is None else max(view.generated_tokens - before[1], 0) / max(now - before[0], 1e-6)
             self.samples.append(
                 Sample(
                     at=wall,
-                    preset=engine.preset.name,
+                    preset=view.preset,
                     tokens_per_s=rate,
-                    running=load.running,
-                    waiting=load.waiting,
-                    kv_cache_percent=100 * load.kv_cache_usage,
-                    ttft_p50_ms=_ms(percentile(ttfts, 50)),
-                    ttft_p95_ms=_ms(percentile(ttfts, 95)),
+                    running=view.running,
+                    waiting=view.waiting,
+                    kv_cache_percent=100 * view.kv_cache_usage,
+                    ttft_p50_ms=_ms(view.ttft_p50_s),
+                    ttft_p95_ms=_ms(view.ttft_p95_s),
                 )
             )
 

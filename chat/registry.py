@@ -4,6 +4,10 @@ The `EngineRegistry` starts each engine at most once however many sessions ask a
 keeps the loaded ones within a memory budget by unloading (or, on CUDA, putting to sleep) the least
 recently used idle engine, never unloads an engine under streams in flight unless asked to, backs
 off after failed starts, and restarts an engine whose process died.
+
+With several UI workers the same decisions are made once, for all of them, by the supervisor's
+`EngineOwner` (chat/owner.py, a subclass that asks the workers before it takes an engine away),
+and each worker's `LinkedRegistry` (chat/owner_link.py) asks the owner instead of deciding itself.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from chat import metrics
-from chat.engine import RESTARTING, Engine, EngineSlot, EngineState
+from chat.engine import RESTARTING, Engine, EngineState
 from chat.errors import ChatError, EngineBusy, first_line
 from chat.presets import Preset
+from chat.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +33,46 @@ RESTART_DELAYS_S = (1.0, 5.0, 15.0, 60.0, 300.0)  # after consecutive crashes, w
 HEALTHY_UPTIME_S = 300.0  # an engine that ran this long before dying starts its back-off afresh
 
 
+FIRST_TOKENS_WINDOW_S = 60.0  # an engine's view carries the time to first token over this long
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What the whole app knows about one engine, for /healthz, the engine line and Monitor: the
+    same with one process or several (chat/owner.py adds up what every worker saw)."""
+
+    key: str
+    preset: str
+    state: str  # an EngineState value
+    status: str  # a line for people (Engine.status)
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    unfinished: int = 0  # requests vLLM's clients still track (0 when nothing leaked)
+    streams: int = 0  # replies being streamed now
+    start_seconds: float | None = None
+    generated_tokens: int = 0
+    ttft_p50_s: float | None = None  # over the last minute
+    ttft_p95_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_token_percentiles(samples: Iterable[tuple[float, str, float]], preset: str,
+                            now: float) -> tuple[float | None, float | None]:
+    """Median and 95th percentile of `preset`'s recent (monotonic time, preset, seconds) samples."""
+    recent = sorted(s for t, name, s in samples if name == preset and now - t <= FIRST_TOKENS_WINDOW_S)
+    return percentile(recent, 50), percentile(recent, 95)
+
+
 class EngineRegistry:
     """The engines of this process, keyed by configuration, within one memory budget."""
 
-    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256,
-                 shared: dict[str, EngineSlot] | None = None) -> None:
+    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
         self._engines: dict[str, Engine] = {}
         self.memory_budget = memory_budget  # None: no limit
         self.max_waiting = max_waiting
-        self.shared = shared or {}  # engine key -> slot at an engine core the supervisor runs (--ui-workers)
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(list(self._engines.values()))
@@ -52,7 +89,7 @@ class EngineRegistry:
         if engine is not None and engine.state is not EngineState.CLOSED:
             return engine
         failures = 0 if engine is None else engine.failures
-        return self._launch(Engine(preset=preset, failures=failures, slot=self.shared.get(preset.engine_key)))
+        return self._launch(Engine(preset=preset, failures=failures))
 
     def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
         engine.on_death = self.restart
@@ -69,10 +106,7 @@ class EngineRegistry:
         if current is not dead:
             return current or self.start(dead.preset)  # already being replaced
         dead.state, dead.error = EngineState.FAILED, RESTARTING
-        if dead.slot is not None:  # vLLM greets a client once: the supervisor restarts the core and its workers
-            log.error("The shared engine for %r stopped; the supervisor restarts it", dead.preset.name)
-            dead.retry_at = math.inf
-            return dead
+        self._gone(dead, RESTARTING)
         healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
         crashes = 1 if healthy else dead.failures + 1
         delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
@@ -126,6 +160,7 @@ class EngineRegistry:
         try:
             await self.make_room(engine)
             await engine.wake_up()
+            self._changed(engine)
         except EngineBusy as exc:
             engine.state, engine.refusal = EngineState.SLEEPING, exc
         except Exception as exc:
@@ -145,7 +180,7 @@ class EngineRegistry:
             if engine.start_delay_s:
                 engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
                 await asyncio.sleep(engine.start_delay_s)
-            await asyncio.to_thread(engine.build, make_room)
+            await asyncio.to_thread(self._build, engine, make_room)
         except EngineBusy as exc:
             engine.refusal, engine.state = exc, EngineState.CLOSED
             if self._engines.get(engine.key) is engine:
@@ -164,6 +199,7 @@ class EngineRegistry:
             engine.state = EngineState.READY
             engine.ready_at = time.monotonic()
             log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
+            self._changed(engine)
 
     def _mark_failed(self, engine: Engine, message: str) -> None:
         engine.state = EngineState.FAILED
@@ -189,20 +225,22 @@ class EngineRegistry:
             )
 
         while held() + incoming.memory_need > self.memory_budget:
-            idle = [
-                e
-                for e in self._engines.values()
-                if e is not incoming and e.state is EngineState.READY and not e.streams
-            ]
-            if not idle:
+            idle = sorted((e for e in self._engines.values() if e is not incoming and e.state is EngineState.READY),
+                          key=lambda e: e.last_used)
+            victim = None
+            for candidate in idle:
+                if await self._may_take(candidate):
+                    victim = candidate
+                    break
+            if victim is None:
                 raise EngineBusy(
                     f"{incoming.preset.name} cannot be loaded while the other loaded models are in use; "
                     "try again in a minute or pick a preset that is already loaded."
                 )
-            victim = min(idle, key=lambda e: e.last_used)
             if victim.can_sleep and victim.llm is not None:
                 log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
                 await victim.sleep()
+                self._changed(victim)
             else:
                 log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
                 await self.unload(victim)
@@ -210,9 +248,11 @@ class EngineRegistry:
     async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
         await engine.abort_streams(reason)
+        await self._before_unload(engine, reason)
         await asyncio.to_thread(engine.shutdown)
         if self._engines.get(engine.key) is engine:
             del self._engines[engine.key]
+        self._changed(engine)
 
     async def close_all(self) -> None:
         for engine in list(self._engines.values()):
@@ -222,3 +262,40 @@ class EngineRegistry:
 
     def loaded(self) -> list[Engine]:
         return [e for e in self._engines.values() if e.state is EngineState.READY]
+
+    def overview(self, first_tokens: bool = False) -> list[EngineView]:
+        """Every engine of the app, as people and load balancers see it (with the recent times to
+        first token only when asked: they take a sort of up to 10,000 samples)."""
+        now = time.monotonic()
+        views = []
+        for engine in self._engines.values():
+            p50 = p95 = None
+            if first_tokens:
+                p50, p95 = first_token_percentiles(metrics.RECENT_FIRST_TOKENS, engine.preset.name, now)
+            views.append(EngineView(
+                engine.key, engine.preset.name, engine.state.value, engine.status(), engine.load.running,
+                engine.load.waiting, engine.load.kv_cache_usage, engine.num_unfinished(), engine.streams,
+                engine.start_seconds, engine.load.generated_tokens, p50, p95))
+        return views
+
+    def view(self, preset: Preset) -> EngineView | None:
+        return next((v for v in self.overview() if v.key == preset.engine_key), None)
+
+    # --- what the owner of engines shared by several processes does differently (chat/owner.py) ----
+
+    def _build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
+        """Blocking (in a worker thread): start vLLM for `engine`."""
+        engine.build(make_room)
+
+    async def _may_take(self, engine: Engine) -> bool:
+        """Whether an engine may be put to sleep or unloaded now to make room: nobody is using it."""
+        return not engine.streams
+
+    async def _before_unload(self, engine: Engine, reason: str) -> None:
+        """Before an engine's processes stop: nothing here; the owner lets its clients go first."""
+
+    def _gone(self, engine: Engine, reason: str) -> None:
+        """An engine died: nothing more here; the owner tells its clients."""
+
+    def _changed(self, engine: Engine) -> None:
+        """An engine became ready, went to sleep or was unloaded: nothing here; the owner tells every worker."""

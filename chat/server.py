@@ -1,8 +1,8 @@
 """One serving process: the chat UI, its routes and its engines, on one port.
 
 `python app.py` runs one of these on the public port. With `--ui-workers N` the supervisor
-(chat/workers.py) runs N of them on private ports behind its router, each a client of one shared
-engine core (`Worker`).
+(chat/supervisor.py) runs N of them on private ports behind Caddy, each a client of the engine
+cores that the supervisor's engine owner runs (`Worker`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat import logs
-from chat.engine import EngineSlot
 from chat.presets import PresetCatalog
 
 if TYPE_CHECKING:
@@ -32,11 +32,23 @@ CLOSE_WAIT_S = 30.0
 
 @dataclass(frozen=True)
 class Worker:
-    """This process is UI worker `index` of a supervisor: it serves on a private port, sets the
-    router's cookie, and reaches the default preset's engine through `slot`."""
+    """This process is UI worker `index` of a supervisor: it serves on a private port and asks the
+    engine owner, whose socket is in `folder`, for every engine (chat/owner_link.py)."""
 
     index: int
-    slot: EngineSlot
+    folder: Path
+
+
+def memory_budget(args: argparse.Namespace) -> float:
+    """--memory-budget-gb in the registry's unit: bytes of RAM on a CPU, a share of the GPU's memory."""
+    from chat.engine_core import on_cpu
+
+    budget = float(args.memory_budget_gb)
+    if on_cpu():
+        import psutil
+
+        return (budget * 1e9) if budget else psutil.virtual_memory().total / 2
+    return budget or 1.0
 
 
 class Shutdown:
@@ -91,12 +103,13 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     from chat import metrics
     from chat.admin import Admins
     from chat.auth import Login
-    from chat.engine import on_cpu
+    from chat.capacity_run import CapacityLab
+    from chat.engine_core import on_cpu
     from chat.errors import ChatError, PresetError
     from chat.monitor import Monitor
+    from chat.owner_link import LinkedRegistry, OwnerLink
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
-    from chat.router import StickyCookie
     from chat.service import ChatService
     from chat.ui import CSS, HEAD, build_ui
     from chat.ui.gradio_internals import UntestedGradio
@@ -104,13 +117,6 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     from chat.votes import VoteStore
     from chat.web import routes
 
-    budget = args.memory_budget_gb
-    if on_cpu():
-        import psutil
-
-        budget = (budget * 1e9) if budget else psutil.virtual_memory().total / 2
-    else:
-        budget = budget or 1.0
     try:
         login = Login.parse(args.auth)
         admins = Admins.parse(args.admins, local=args.admin_local, login=login)
@@ -124,8 +130,9 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         return 2
     try:
         default = catalog.get(args.preset)
-        shared = {default.engine_key: worker.slot} if worker else None
-        registry = EngineRegistry(memory_budget=budget, max_waiting=args.max_waiting, shared=shared)
+        link = OwnerLink(worker.folder, worker.index) if worker is not None else None
+        registry: EngineRegistry = (LinkedRegistry(link, max_waiting=args.max_waiting) if link is not None else
+                                    EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer)
         service.preset(None)
@@ -134,17 +141,23 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         return 2
     monitor = Monitor(registry)
     shutdown = Shutdown(registry)
+    lab = CapacityLab(service, lease=link) if admins.anyone_can_be else None
     try:
-        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins)
+        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
+                        lab=lab)
     except UntestedGradio as exc:
         print(exc, file=sys.stderr)
         return 2
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
-        first = registry.start(default)  # in the background; the page is usable while it loads
         loop = shutdown.loop = asyncio.get_running_loop()
-        background = [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
+        background = []
+        if link is not None and isinstance(registry, LinkedRegistry):
+            await link.open()
+            background.append(loop.create_task(registry.report()))
+        first = registry.start(default)  # in the background; the page is usable while it loads
+        background += [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
         if worker is None:  # a worker's address is private: the supervisor announces the public one
             background.append(loop.create_task(
                 logs.say_when_ready(first, lambda: demo.local_url, lambda: demo.share_url)))
@@ -155,8 +168,6 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         store.close()
 
     middleware = [Middleware(GZipMiddleware, minimum_size=1024)]
-    if worker is not None:
-        middleware.append(Middleware(StickyCookie, value=str(worker.index)))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
     demo.launch(

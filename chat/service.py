@@ -145,8 +145,8 @@ class ChatService:
             preset = self.preset(preset_name)
         except ChatError as exc:
             return exc.message
-        engine = self.registry.peek(preset)
-        return f"Engine: {engine.status()}" if engine else "Engine: not loaded yet (it starts with the first message)"
+        view = self.registry.view(preset)
+        return f"Engine: {view.status}" if view else "Engine: not loaded yet (it starts with the first message)"
 
     # --- the pipeline ----------------------------------------------------------------------
 

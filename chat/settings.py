@@ -68,9 +68,9 @@ SETTINGS: tuple[Setting, ...] = (
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",
             float),
     Setting("ui_workers", ("CHAT_UI_WORKERS",), 0,
-            "Processes that serve the web page, all on one engine, behind the one port; each browser stays with one. "
-            "More serve more simultaneous readers, but only the default preset's model (switching models needs 1). "
-            "0 picks 1 on a CPU engine (the engine needs the cores) and on a GPU one per 4 processor cores, at most 4.", int),
+            "Processes that serve the web page, behind the one port (Caddy), all clients of the same engines; each "
+            "browser stays with one. More serve more simultaneous readers. 0 picks 1 on a CPU engine (the engine needs "
+            "the cores) and on a GPU one per 4 processor cores, at most 4.", int),
     Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
             "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
     Setting("verbose", ("CHAT_VERBOSE",), False,

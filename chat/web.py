@@ -3,8 +3,10 @@ tab shows, and the WebSocket API."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import BaseRoute, Route
 
 from chat import api
@@ -13,36 +15,34 @@ from chat.engine import EngineState
 from chat.reply_log import GRACE_S
 from chat.service import ChatService
 
+NO_STORE = {"Cache-Control": "no-store"}
+
 
 def routes(
     service: ChatService, login: Login | None = None, grace_s: float = GRACE_S
 ) -> list[BaseRoute]:
-    """/healthz (open, for load balancers: states and counts only), /status and the /chat WebSocket API."""
+    """/healthz (for load balancers: states and counts only), /livez, /status and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
-        """200 when every loaded engine is ready; 503 with the reason while one starts or failed."""
-        engines = []
-        healthy = True
-        for engine in service.registry:
-            healthy = healthy and engine.state in (EngineState.READY, EngineState.SLEEPING)
-            engines.append(
-                {
-                    "preset": engine.preset.name,
-                    "state": engine.state.value,
-                    "status": engine.status(),
-                    "running": engine.load.running,
-                    "waiting": engine.load.waiting,
-                    "kv_cache_usage": engine.load.kv_cache_usage,
-                    "unfinished": engine.num_unfinished(),
-                    "streams": engine.streams,
-                    "start_seconds": engine.start_seconds,
-                }
-            )
-        if not engines:
-            healthy = False
-        body = {"status": "ok" if healthy else "unavailable", "engines": engines}
+        """200 when every loaded engine is ready; 503 with the reason while one starts or failed.
+        With a login, strangers learn only whether the app serves."""
+        views = service.registry.overview()
+        healthy = bool(views) and all(v.state in (EngineState.READY.value, EngineState.SLEEPING.value) for v in views)
+        body: dict[str, Any] = {"status": "ok" if healthy else "unavailable"}
+        if login is not None and not login.allows(request):
+            return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
+        body["engines"] = [
+            {"preset": v.preset, "state": v.state, "status": v.status, "running": v.running, "waiting": v.waiting,
+             "kv_cache_usage": v.kv_cache_usage, "unfinished": v.unfinished, "streams": v.streams,
+             "start_seconds": v.start_seconds}
+            for v in views
+        ]
         if not healthy:
-            body["reason"] = "; ".join(str(e["status"]) for e in engines) or "No engine is loaded yet."
-        return JSONResponse(body, status_code=200 if healthy else 503)
+            body["reason"] = "; ".join(v.status for v in views) or "No engine is loaded yet."
+        return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
+
+    async def livez(request: Request) -> PlainTextResponse:
+        """200 while this process serves: what the front door's health checks ask each UI worker."""
+        return PlainTextResponse("ok", headers=NO_STORE)
 
     async def status(request: Request) -> JSONResponse:
         """The Chat tab's engine line for `?preset=NAME`, which the page asks for every few seconds
@@ -55,6 +55,7 @@ def routes(
 
     return [
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
         *api.routes(service, allows=login.allows if login else None, grace_s=grace_s),
     ]

@@ -43,9 +43,9 @@ async def drive(run) -> list[Progress]:
 async def test_a_short_test_measures_each_step_of_one_to_four_users(service, engine):
     lab = CapacityLab(service)
     plan = make_plan([service.default_preset], max_users=4, step_s=3, prompt_tokens=32, reply_tokens=16)
-    run = lab.begin(plan, by="test")
+    run = await lab.begin(plan, by="test")
     with pytest.raises(InputError, match="A capacity test is already running"):
-        lab.begin(plan)
+        await lab.begin(plan)
     seen = await drive(run)
     assert run.ended == "finished" and lab.running is None and lab.banner() == ""
     assert {(p.step, p.users) for p in seen} >= {(1, 1), (2, 2), (3, 4)}
@@ -68,7 +68,7 @@ async def test_a_short_test_measures_each_step_of_one_to_four_users(service, eng
 
 async def test_stop_aborts_every_request_of_the_test_at_once(service, engine):
     lab = CapacityLab(service)
-    run = lab.begin(make_plan([service.default_preset], max_users=4, step_s=3, prompt_tokens=32, reply_tokens=400))
+    run = await lab.begin(make_plan([service.default_preset], max_users=4, step_s=3, prompt_tokens=32, reply_tokens=400))
     driving = asyncio.ensure_future(drive(run))
     assert await eventually(lambda: run.progress.users == 4 and engine.streams >= 3, within_s=30), run.progress
     assert lab.banner().startswith("A capacity test is running on SmolLM2 135M (CPU): replies may be slower for")
@@ -116,7 +116,7 @@ async def test_the_test_holds_back_while_visitors_wait_and_says_they_were_there(
     preset = two_slots.preset(None)
     engine = await registry.get(preset)
     lab = CapacityLab(two_slots)
-    run = lab.begin(make_plan([preset.name], max_users=4, step_s=4, prompt_tokens=16, reply_tokens=24))
+    run = await lab.begin(make_plan([preset.name], max_users=4, step_s=4, prompt_tokens=16, reply_tokens=24))
     busy = True
 
     async def visitor() -> None:  # keeps asking until the test ends

@@ -39,14 +39,15 @@ QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_prog
 
 def build_ui(
     service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None,
-    store: VoteStore | None = None, admins: Admins | None = None,
+    store: VoteStore | None = None, admins: Admins | None = None, lab: CapacityLab | None = None,
 ) -> gr.Blocks:
     """The page. Without a vote store, votes last only in the page and there is no Leaderboard tab;
     without anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
     gradio_internals.install()
     admins = admins or Admins()
     with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
-        lab = CapacityLab(service) if admins.anyone_can_be else None
+        if lab is None and admins.anyone_can_be:
+            lab = CapacityLab(service)
         if lab is not None:
             capacity_banner(lab)
         # "wrap": on a phone the tabs take a second row rather than hiding in a "⋯" menu.

@@ -167,7 +167,7 @@ class CapacityTab:
         try:
             plan = make_plan(presets, max_users=users, step_s=step_s, prompt_tokens=prompt_tokens,
                              reply_tokens=reply_tokens, metric=metric, limit=limit)
-            run = self.lab.begin(plan, by=request.username or "")
+            run = await self.lab.begin(plan, by=request.username or "")
         except ChatError as exc:
             yield {self.progress: f"{PROBLEM} {exc.message}"}
             return
@@ -202,10 +202,8 @@ class CapacityTab:
     async def stop(self, request: gr.Request) -> str:  # async: stopping aborts on the server's event loop
         if not self.admins.allows_request(request):
             return f"{PROBLEM} {NOT_ADMIN}"
-        run = self.lab.running
-        if run is None:
+        if not await self.lab.stop():
             return "No capacity test is running."
-        run.stop()
         return "Stopping the capacity test: its requests are being aborted."
 
 

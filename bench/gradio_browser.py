@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from chat.router import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
+from chat.front_door import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,12 @@ class Tab:
         self._early: dict[str, list[dict[str, Any]]] = defaultdict(list)  # messages before their join returned
 
     async def pin(self) -> None:
-        """Take the UI worker the router gives a newcomer, and keep it, as a browser's own cookie
+        """Take the UI worker the front door gives a newcomer, and keep it, as a browser's own cookie
         does (the benchmark's tabs share one HTTP client, so one cookie jar: the header wins)."""
         if self._pinned:
             return
         self._pinned = True
-        response = await self.http.get(self.root + "/chat-worker", headers={"Cookie": ""})
+        response = await self.http.get(self.root + "/", headers={"Cookie": ""})  # a page load, as a browser
         self.headers["Cookie"] = f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"
 
     def set(self, elem_id: str, value: Any) -> None:

@@ -383,7 +383,8 @@ class Engine:
         self.state = EngineState.READY
 
     def shutdown(self) -> None:
-        """Blocking: free the engine's memory. Abort streams first or they hang forever."""
+        """Blocking: free the engine's memory. Abort streams first or they hang forever. Called
+        from a thread, prefer `close`, which lets the client's output handler end first."""
         llm, self.llm = self.llm, None
         core, self.core = self.core, None
         self.state = EngineState.CLOSED
@@ -391,3 +392,19 @@ class Engine:
             llm.shutdown()
         if core is not None:
             core.shutdown()
+
+    async def close(self) -> None:
+        """Free the engine's memory without blocking the event loop: this process's client first,
+        then the core it started, if it started one. vLLM cancels the client's output handler from
+        the thread that shuts it down; it must have ended before the core stops, or it reports the
+        core's end as a failure."""
+        llm, self.llm = self.llm, None
+        core, self.core = self.core, None
+        self.state = EngineState.CLOSED
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+            handler = getattr(llm, "output_handler", None)
+            if isinstance(handler, asyncio.Task):
+                await asyncio.wait({handler}, timeout=5)
+        if core is not None:
+            await asyncio.to_thread(core.shutdown)

@@ -131,6 +131,8 @@ class EngineOwner(EngineRegistry):
                                        return_exceptions=True)
         if all(isinstance(a, dict) and a.get("idle") for a in answers):
             return True
+        log.info("Keeping %r: a UI worker is using it (%s)", engine.preset.name,
+                 ", ".join(repr(a) if isinstance(a, BaseException) else str(a.get("idle")) for a in answers))
         for peer in peers:
             await peer.send({"op": "resume", "key": engine.key})
         return False

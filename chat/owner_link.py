@@ -194,7 +194,7 @@ class LinkedRegistry(EngineRegistry):
     async def _join(self, engine: Engine, slot: EngineSlot, generation: int) -> None:
         if engine.llm is not None:  # a client of the core's earlier start
             await engine.abort_streams(RESTARTING)
-            await asyncio.to_thread(engine.shutdown)
+            await engine.close()
         engine.slot, engine.generation = slot, generation
         engine.phase = "joining the shared engine"
         await asyncio.to_thread(engine.build, lambda _: None)
@@ -216,12 +216,7 @@ class LinkedRegistry(EngineRegistry):
         op, key = message.get("op"), str(message.get("key", ""))
         engine = self._engines.get(key)
         if op == "drain":
-            idle = engine is None or (
-                engine.state is not EngineState.STARTING and not engine.streams
-                and time.monotonic() - engine.last_used > RECENTLY_USED_S)
-            if idle and engine is not None and engine.held is None:
-                engine.held = asyncio.Event()
-            await self.link.send({"op": "answer", "id": message["id"], "idle": idle})
+            asyncio.get_running_loop().create_task(self._drain(message))
         elif op in ("resume", "asleep") and engine is not None:
             if op == "asleep":
                 engine.state = EngineState.SLEEPING
@@ -234,13 +229,25 @@ class LinkedRegistry(EngineRegistry):
         elif op == "died" and engine is not None and engine.generation == message.get("generation"):
             engine.state, engine.error, engine.retry_at = EngineState.FAILED, RESTARTING, 0.0
             await engine.abort_streams(RESTARTING)
-            llm, engine.llm = engine.llm, None
-            if llm is not None:
-                await asyncio.to_thread(llm.shutdown)
+            await engine.close()
+            engine.state = EngineState.FAILED  # as restart() leaves it: the next request joins the new core
             self._release(engine)
         elif op == "capacity_stop":
             for stop in self.link.on_capacity_stop:
                 stop()
+
+    async def _drain(self, message: dict[str, Any]) -> None:
+        """Whether an engine is idle here; if it is, hold new requests for it until the owner says
+        what became of it. A request may be between picking the engine and sending to it for a
+        moment after its last use, so an engine used just now is asked again once that has passed."""
+        engine = self._engines.get(str(message.get("key", "")))
+        if engine is not None and not engine.streams:
+            await asyncio.sleep(max(RECENTLY_USED_S - (time.monotonic() - engine.last_used), 0.0))
+        idle = engine is None or (engine.state is not EngineState.STARTING and not engine.streams
+                                  and time.monotonic() - engine.last_used >= RECENTLY_USED_S)
+        if idle and engine is not None and engine.held is None:
+            engine.held = asyncio.Event()
+        await self.link.send({"op": "answer", "id": message["id"], "idle": idle})
 
     @staticmethod
     def _release(engine: Engine) -> None:

@@ -174,7 +174,7 @@ class EngineRegistry:
             if replacing is not None:
                 engine.phase = "cleaning up after the crash"
                 try:
-                    await asyncio.to_thread(replacing.shutdown)
+                    await replacing.close()
                 except Exception:
                     log.warning("Shutting down the dead engine for %r failed", replacing.preset.name, exc_info=True)
             if engine.start_delay_s:
@@ -249,7 +249,7 @@ class EngineRegistry:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
         await engine.abort_streams(reason)
         await self._before_unload(engine, reason)
-        await asyncio.to_thread(engine.shutdown)
+        await engine.close()
         if self._engines.get(engine.key) is engine:
             del self._engines[engine.key]
         self._changed(engine)
@@ -277,6 +277,10 @@ class EngineRegistry:
                 engine.load.waiting, engine.load.kv_cache_usage, engine.num_unfinished(), engine.streams,
                 engine.start_seconds, engine.load.generated_tokens, p50, p95))
         return views
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The UI workers serving the app and their states (none: this process serves alone)."""
+        return []
 
     def view(self, preset: Preset) -> EngineView | None:
         return next((v for v in self.overview() if v.key == preset.engine_key), None)

@@ -187,6 +187,6 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         # Gradio compresses its scripts but not the page itself (its config: ~340 KB, ~30 KB gzipped).
         # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
         app_kwargs={"middleware": middleware, "lifespan": lifespan,
-                    "routes": [*routes(service, login, grace_s=args.resume_grace_s), *metrics.routes(login)]},
+                    "routes": [*routes(service, login, grace_s=args.resume_grace_s, lab=lab), *metrics.routes(login)]},
     )
     return 0

@@ -11,6 +11,7 @@ from starlette.routing import BaseRoute, Route
 
 from chat import api
 from chat.auth import Login
+from chat.capacity_run import CapacityLab
 from chat.engine import EngineState
 from chat.reply_log import GRACE_S
 from chat.service import ChatService
@@ -19,7 +20,7 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 
 def routes(
-    service: ChatService, login: Login | None = None, grace_s: float = GRACE_S
+    service: ChatService, login: Login | None = None, grace_s: float = GRACE_S, lab: CapacityLab | None = None
 ) -> list[BaseRoute]:
     """/healthz (for load balancers: states and counts only), /livez, /status and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
@@ -36,6 +37,8 @@ def routes(
              "start_seconds": v.start_seconds}
             for v in views
         ]
+        if workers := service.registry.workers():
+            body["workers"] = workers
         if not healthy:
             body["reason"] = "; ".join(v.status for v in views) or "No engine is loaded yet."
         return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
@@ -51,7 +54,7 @@ def routes(
         if login is not None and not login.allows(request):
             return JSONResponse({"error": "Log in first."}, status_code=401)
         line = service.engine_line(request.query_params.get("preset") or None)
-        return JSONResponse({"line": line}, headers={"Cache-Control": "no-store"})
+        return JSONResponse({"line": line, "banner": lab.banner() if lab is not None else ""}, headers=NO_STORE)
 
     return [
         Route("/healthz", healthz, methods=["GET"]),

@@ -1,44 +1,68 @@
-"""`--ui-workers 2`: two Gradio processes on one vLLM engine core behind one port, on the embedded model.
+"""`--ui-workers 2`: two Gradio processes behind Caddy, every preset on both, on the embedded model.
 
-Everything here is the real thing: app.py's supervisor, its router on the public port, two UI
-workers and one engine core; a real Chromium, gradio_client and the WebSocket client as readers.
+Everything is the real thing: app.py's supervisor with its engine owner, Caddy on the public port,
+two UI workers, and an engine core per engine; real curl, gradio_client, the WebSocket client and
+Chromium as readers. Three presets of the embedded model with different context lengths are three
+engines, and the memory budget holds two of them, so the third makes the owner unload one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
+import subprocess
+import threading
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
+from gradio_client import Client
 
+from chat.admin import NOT_ADMIN
 from chat.client import ReplyStream
-from chat.router import COOKIE
-from tests.conftest import OUTPUT, PROBLEM_LINE, RunningApp, start_app, stop_app
+from chat.embedded import model_dir
+from chat.front_door import COOKIE, worker_cookie
+from chat.models import weights_bytes
+from tests.conftest import OUTPUT, PROBLEM_LINE, RunningApp, small_preset, start_app, stop_app
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
 
-EXPECTED_ERRORS = re.compile(r"ERROR chat\.workers: UI worker 1 stopped \(exit code -9\)")
-CHECKED_LOG = {}  # the log is checked up to here: after the engine core is killed, its clients say so
+A, B, C = "Tiny A", "Tiny B", "Tiny C"
+CONTEXTS = {A: 1024, B: 768, C: 512}  # three engines of one model
+KV_BYTES = 268435456  # small_preset's
+# What the tests here cause on purpose: a killed worker, a killed engine core and what its clients then say.
+EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* died|died under a stream|"
+                      r"EngineDeadError|EngineCore|engine core|Engine core")
+CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 
 
 @pytest.fixture(scope="module")
 def workers_app(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("presets")
+    for name, context in CONTEXTS.items():
+        small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})
+    need = KV_BYTES + weights_bytes(model_dir(), "float32")
     votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
-    app = start_app("workers", "--ui-workers", "2", "--votes-db", str(votes))
+    app = start_app("workers", "--ui-workers", "2", "--presets-dir", str(folder), "--preset", A,
+                    "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(votes),
+                    "--admin-local", "--host", "0.0.0.0")
     yield app
     stop_app(app)
-    assert not [p for p in _descendants(app) if p.is_running()], "processes outlived the app"
-    text = app.log_path.read_text(errors="replace")[:CHECKED_LOG.get("until")]
-    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not EXPECTED_ERRORS.search(line)]
+    assert not [p for p in descendants(app) if p.is_running()], "processes outlived the app"
+    text = app.log_path.read_text(errors="replace")
+    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not EXPECTED.search(line)]
     assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
 
 
-def _descendants(app: RunningApp) -> list[psutil.Process]:
+def descendants(app: RunningApp) -> list[psutil.Process]:
     try:
         return psutil.Process(app.process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -47,7 +71,7 @@ def _descendants(app: RunningApp) -> list[psutil.Process]:
 
 def engine_cores(app: RunningApp) -> list[psutil.Process]:
     cores = []
-    for process in _descendants(app):
+    for process in descendants(app):
         try:
             if "EngineCore" in process.name() or "EngineCore" in " ".join(process.cmdline()):
                 cores.append(process)
@@ -56,126 +80,300 @@ def engine_cores(app: RunningApp) -> list[psutil.Process]:
     return cores
 
 
-def workers(app: RunningApp) -> list[dict]:
-    return app.health()[1]["workers"]
+def front_door(app: RunningApp) -> tuple[str, list[int]]:
+    """The secret and the workers' ports, read from the Caddyfile the app wrote."""
+    caddy = next(p for p in descendants(app) if p.name() == "caddy")
+    config = Path(caddy.cmdline()[caddy.cmdline().index("--config") + 1]).read_text()
+    secret = re.search(rf"lb_policy cookie {COOKIE} (\S+)", config)[1]
+    ports = [int(p) for p in re.search(r"reverse_proxy ((?:127\.0\.0\.1:\d+ ?)+)", config)[1].replace("127.0.0.1:", "").split()]
+    return secret, ports
 
 
-def replies_by_worker(app: RunningApp) -> dict[str, float]:
-    """chat_replies_total summed per ui_worker, from the aggregated /metrics."""
-    text = urllib.request.urlopen(app.url + "metrics", timeout=10).read().decode()
-    counts: dict[str, float] = {}
-    for match in re.finditer(r'^chat_replies_total\{ui_worker="(\d+)",[^}]*\} ([\d.e+]+)$', text, re.M):
-        counts[match[1]] = counts.get(match[1], 0.0) + float(match[2])
-    return counts
+def worker_pid(app: RunningApp, port: int) -> int | None:
+    """The process listening on a worker's port (None while its replacement starts)."""
+    for process in descendants(app):
+        try:
+            if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp")):
+                return process.pid
+        except psutil.Error:
+            pass
+    return None
 
 
-def pinned_client(app: RunningApp, worker: int):
-    """A gradio_client session that the router sends to `worker` (as if a browser had its cookie)."""
-    from gradio_client import Client
-
-    return Client(app.url, verbose=False, headers={"Cookie": f"{COOKIE}={worker}"})
-
-
-def test_two_workers_serve_on_one_engine_core(workers_app):
-    status, body = workers_app.health()
-    assert status == 200 and body["status"] == "ok"
-    assert [(w["index"], w["state"]) for w in body["workers"]] == [(0, "serving"), (1, "serving")]
-    assert {e["ui_worker"] for e in body["engines"] if e["state"] == "ready"} == {0, 1}
-    cores = engine_cores(workers_app)
-    assert len(cores) == 1, f"one engine core for both workers, found {[c.pid for c in cores]}"
-    worker_pids = {w["pid"] for w in body["workers"]}
-    assert cores[0].ppid() not in worker_pids, "the core belongs to the supervisor, not to a worker"
+def pinned(app: RunningApp, worker: int) -> Client:
+    """A gradio_client session that the front door sends to `worker`, as a browser with its cookie."""
+    secret, ports = front_door(app)
+    return Client(app.url, verbose=False, headers={"Cookie": f"{COOKIE}={worker_cookie(secret, ports[worker])}"})
 
 
-def test_programs_reach_the_workers_through_the_one_port(workers_app):
-    before = replies_by_worker(workers_app)
+def chat(client: Client, message: str, preset: str) -> str:
+    history = client.predict(message, preset, None, api_name="/chat")
+    text = "".join(m["content"] for m in history if not m.get("metadata", {}).get("title"))
+    assert text.strip(), history
+    return text
+
+
+def health(app: RunningApp) -> dict:
+    return app.health()[1]
+
+
+def engines(app: RunningApp) -> dict[str, str]:
+    return {e["preset"]: e["state"] for e in health(app).get("engines", [])}
+
+
+def serving(app: RunningApp) -> bool:
+    return [w["state"] for w in health(app).get("workers", [])] == ["serving", "serving"]
+
+
+def banner(app: RunningApp, worker: int) -> str:
+    secret, ports = front_door(app)
+    request = urllib.request.Request(app.url + "status", headers={"Cookie": f"{COOKIE}={worker_cookie(secret, ports[worker])}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["banner"])
+
+
+def wait_for(condition, within_s: float, what: str):
+    deadline = time.monotonic() + within_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+def test_each_engine_has_one_core_that_both_workers_use(workers_app):
+    body = health(workers_app)
+    assert body["status"] == "ok" and [(w["index"], w["state"]) for w in body["workers"]] == [(0, "serving"), (1, "serving")]
+    assert "pid" not in json.dumps(body) and "connections" not in json.dumps(body)
+    assert len(engine_cores(workers_app)) == 1
     for worker in (0, 1):
-        history = pinned_client(workers_app, worker).predict("Name a colour.", api_name="/chat")
-        assert history and history[-1]["content"], history
-    after = replies_by_worker(workers_app)
-    assert all(after.get(w, 0) > before.get(w, 0) for w in ("0", "1")), (before, after)
+        assert chat(pinned(workers_app, worker), "Name a colour.", A)
 
 
-async def test_the_websocket_api_streams_through_the_router(workers_app):
-    stream = ReplyStream("Count to five.", url=workers_app.url, sampling={"max_tokens": 24, "temperature": 0.0})
+def test_a_preset_on_another_engine_starts_its_core_once_for_both_workers(workers_app):
+    assert chat(pinned(workers_app, 1), "Name a fruit.", B)
+    assert len(engine_cores(workers_app)) == 2 and engines(workers_app) == {A: "ready", B: "ready"}
+    assert chat(pinned(workers_app, 0), "Name a tree.", B)
+    assert len(engine_cores(workers_app)) == 2, "the second worker joined the core instead of starting one"
+
+
+def test_compare_across_engines_and_a_vote_reach_the_leaderboard_of_the_other_worker(workers_app):
+    client = pinned(workers_app, 0)
+    settings = {"temperature": 0.0, "max_tokens": 6}
+    result = client.predict([A, B], True, "Say yes.", [settings, settings], api_name="/compare")
+    assert len(result["columns"]) == 2
+    assert all("first token" in column["messages"][-1]["metadata"]["title"] for column in result["columns"])
+    assert client.predict("A", None, api_name="/vote")["ok"]
+    board = pinned(workers_app, 1).predict(False, api_name="/leaderboard")
+    assert board["votes_stored"] == 1 and {row["preset"] for row in board["standings"]} == {A, B}
+
+
+def test_a_third_engine_makes_the_owner_unload_the_least_recently_used_one(workers_app):
+    assert chat(pinned(workers_app, 1), "Name a bird.", A)  # B is now the least recently used
+    assert chat(pinned(workers_app, 0), "Name a river.", C)
+    assert engines(workers_app) == {A: "ready", C: "ready"}
+    assert len(engine_cores(workers_app)) == 2
+    assert chat(pinned(workers_app, 1), "Name a city.", B)  # back, on a new core: A goes
+    assert engines(workers_app) == {C: "ready", B: "ready"}
+    assert chat(pinned(workers_app, 0), "Name a stone.", B)
+
+
+def test_twenty_curl_two_step_calls_through_the_front_door_are_all_answered(workers_app):
+    def two_steps(i: int) -> str:
+        # Gradio's documented call: every input of the Chat tab's event, in order (README, "The Gradio API").
+        body = json.dumps({"data": [f"Say the number {i}.", C, "You are brief.", 0.0, 0.9, 0, 12, 1.1, -1]})
+        posted = subprocess.run(["curl", "-sS", "-X", "POST", workers_app.url + "gradio_api/call/chat",
+                                 "-H", "Content-Type: application/json", "-d", body],
+                                capture_output=True, text=True, timeout=60, check=True)
+        event = json.loads(posted.stdout)["event_id"]
+        got = subprocess.run(["curl", "-sS", "-N", workers_app.url + f"gradio_api/call/chat/{event}"],
+                             capture_output=True, text=True, timeout=120, check=True)
+        return got.stdout
+
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(two_steps, range(20)))
+    for answer in answers:
+        assert "event: complete" in answer and "first token" in answer, answer[-400:]
+
+
+async def test_the_websocket_api_streams_through_the_front_door(workers_app):
+    stream = ReplyStream("Count to five.", url=workers_app.url, preset=B, sampling={"max_tokens": 12})
     text = "".join([part async for part in stream])
-    assert text.strip() and stream.via == "websocket"
-    assert stream.stats["generated_tokens"] > 0
+    assert text.strip() and stream.via == "websocket" and stream.stats["generated_tokens"] > 0
 
 
-def test_metrics_carry_each_workers_label_once_per_family(workers_app):
+def test_one_capacity_test_at_a_time_for_the_whole_app(workers_app):
+    first, second = pinned(workers_app, 0), pinned(workers_app, 1)
+    job = first.submit(C, "(none)", 2, 20, 16, 32, "95th percentile time to first token", 800, api_name="/capacity")
+    wait_for(lambda: "capacity test is running" in banner(workers_app, 1), 60, "the other worker never heard of the test")
+    refused = second.predict(C, "(none)", 2, 20, 16, 32, "95th percentile time to first token", 800,
+                             api_name="/capacity")
+    assert "already running" in refused[0], refused
+    assert second.predict(api_name="/capacity_stop").startswith("Stopping the capacity test")
+    outputs = job.result(timeout=120)
+    assert "stopped by you" in outputs[0], outputs[0]
+    wait_for(lambda: banner(workers_app, 0) == banner(workers_app, 1) == "", 30, "the banner stayed")
+
+
+def test_metrics_name_each_series_once_with_the_workers_labelled(workers_app):
     text = urllib.request.urlopen(workers_app.url + "metrics", timeout=10).read().decode()
-    assert 'ui_worker="0"' in text and 'ui_worker="1"' in text
-    types = re.findall(r"^# TYPE (\S+) ", text, re.M)
-    assert len(types) == len(set(types)), "each metric family is described once"
+    samples = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(samples) == len(set(samples)), "a series appears twice"
+    assert 'chat_ui_worker_up{ui_worker="0"} 1.0' in text and 'chat_ui_worker_up{ui_worker="1"} 1.0' in text
+    replies = sum(float(v) for v in re.findall(r'^chat_replies_total\{[^}]*\} (\S+)$', text, re.M))
+    assert replies >= 30, "replies from both workers are counted"
+
+
+# --- hostile requests at the front door -------------------------------------------------------
+
+
+def raw(host: str, port: int, data: bytes, read_s: float = 10) -> bytes:
+    with socket.create_connection((host, port), timeout=read_s) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def public_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        return s.getsockname()[0]
+
+
+def test_a_stranger_cannot_pass_as_this_machine_through_a_smuggled_connection(workers_app):
+    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
+    stranger = public_address()
+    assert not stranger.startswith("127."), "the machine needs an address other than loopback for this test"
+    call = b'{"data": []}'
+
+    def stop_capacity(host: str, hostile: bool) -> str:
+        extra = b"Connection: keep-alive, noupgrade\r\nUpgrade: x\r\nX-Forwarded-For: 127.0.0.1\r\n" if hostile else b""
+        head = (b"POST /gradio_api/call/capacity_stop HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + extra + b"Content-Length: %d\r\n\r\n" % len(call) + call)
+        answer = raw(host, port, head, read_s=3)
+        event = re.search(rb'"event_id":\s*"(\w+)"', answer)[1].decode()
+        follow = (b"GET /gradio_api/call/capacity_stop/%s HTTP/1.1\r\nHost: x\r\n" % event.encode() + extra
+                  + b"Connection: close\r\n\r\n")
+        return raw(host, port, follow, read_s=15).decode(errors="replace")
+
+    assert "No capacity test is running" in stop_capacity("127.0.0.1", hostile=False)
+    assert NOT_ADMIN in stop_capacity(stranger, hostile=True)
+    assert NOT_ADMIN in stop_capacity(stranger, hostile=False)
+
+
+def test_pipelined_and_oversized_requests_get_answers(workers_app):
+    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
+    pipelined = raw("127.0.0.1", port, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\nGET /livez HTTP/1.1\r\nHost: x\r\n"
+                                       b"Connection: close\r\n\r\n")
+    assert pipelined.count(b"HTTP/1.1 200") == 2, pipelined
+    # Above the front door's limit (32 KB, and Go reads 4 KB more before it refuses).
+    huge = raw("127.0.0.1", port, b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+    assert huge.startswith(b"HTTP/1.1 431"), huge[:200]
+
+
+def test_a_slow_head_is_cut_off_and_idle_connections_do_not_take_the_service_down(workers_app):
+    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(b"GET / HTTP/1.1\r\n")
+    started = time.monotonic()
+    closed = threading.Event()
+
+    def trickle() -> None:
+        try:
+            while not closed.is_set():
+                slow.sendall(b"X")
+                time.sleep(1)
+        except OSError:
+            closed.set()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(1100)]
+    try:
+        status, _ = workers_app.health()
+        assert status == 200
+        assert chat(Client(workers_app.url, verbose=False), "Say hi.", C)
+        assert closed.wait(60), "a header sent one byte a second was never cut off"
+        assert time.monotonic() - started < 40
+    finally:
+        for s in idle:
+            s.close()
+        slow.close()
+    assert "Too many open files" not in workers_app.log_path.read_text(errors="replace")
 
 
 @pytest.mark.browser
-def test_each_browser_stays_with_its_worker_and_gets_replies_with_stats(browser, workers_app):
-    before = replies_by_worker(workers_app)
-    fresh = browser.new_context()
-    page = fresh.new_page()
+def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_app):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
     page.goto(workers_app.url)
     page.wait_for_selector("#message textarea")
-    given = {c["name"]: c["value"] for c in fresh.cookies()}
-    assert given.get(COOKIE) in {"0", "1"}, f"the page should set the router's cookie, got {given}"
-    fresh.close()
+    cookie = {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE)
+    secret, ports = front_door(workers_app)
+    assert cookie in {worker_cookie(secret, p) for p in ports}, "the front door gives the page its worker's cookie"
+    page.locator("#preset input").click()
+    page.get_by_role("option", name=A, exact=True).click()
+    page.locator("#title").filter(has_text=A).wait_for()
+    send(page, "Say hello in five words.")
+    _, title = watch_reply(page, "first token", within_s=240)
+    assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s", title)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "ui-workers-switched.png"))
+    assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == cookie
+    context.close()
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def test_a_killed_worker_is_replaced_and_no_request_meets_a_502(workers_app):
+    secret, ports = front_door(workers_app)
+    victim = worker_pid(workers_app, ports[1])
+    cookie = {"Cookie": f"{COOKIE}={worker_cookie(secret, ports[1])}"}
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def keep_asking() -> None:
+        while not stop.is_set():
+            request = urllib.request.Request(workers_app.url + "status?preset=" + urllib.request.quote(C), headers=cookie)
+            try:
+                with urllib.request.urlopen(request, timeout=20) as response:
+                    statuses.append(response.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+
+    asker = threading.Thread(target=keep_asking)
+    asker.start()
+    try:
+        wait_for(lambda: len(statuses) > 5, 30, "no answers before the kill")
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: worker_pid(workers_app, ports[1]) not in (None, victim) and serving(workers_app), 180,
+                 "the worker was not replaced")
+        after = len(statuses)
+        wait_for(lambda: len(statuses) > after + 5, 30, "no answers after the replacement")
+    finally:
+        stop.set()
+        asker.join(30)
+    assert statuses and set(statuses) == {200}, f"answers while a worker died: {sorted(set(statuses))}"
+    assert chat(pinned(workers_app, 1), "Say no.", C)
+
+
+def test_a_killed_engine_core_is_started_again_and_its_workers_rejoin(workers_app):
+    secret, ports = front_door(workers_app)
+    wait_for(lambda: serving(workers_app), 180, "the workers are not serving")
+    pids = [worker_pid(workers_app, port) for port in ports]
+    before = {p.pid for p in engine_cores(workers_app)}
+    victim = engine_cores(workers_app)[0]
+    victim.kill()
+    wait_for(lambda: health(workers_app).get("status") == "ok" and len(engine_cores(workers_app)) == 2
+             and {p.pid for p in engine_cores(workers_app)} != before, 300, "the engine did not come back")
     for worker in (0, 1):
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        context.add_cookies([{"name": COOKIE, "value": str(worker), "url": workers_app.url}])
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(workers_app.url)
-        page.wait_for_selector("#message textarea")
-        send(page, "Say hello in five words.")
-        _, title = watch_reply(page, "first token")
-        assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s", title)
-        OUTPUT.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(OUTPUT / f"ui-worker-{worker}.png"))
-        assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == str(worker)
-        context.close()
-    after = replies_by_worker(workers_app)
-    for worker in ("0", "1"):
-        assert after.get(worker, 0) > before.get(worker, 0), f"worker {worker} wrote no reply: {before} -> {after}"
-
-
-def test_a_killed_worker_is_replaced_while_the_other_keeps_serving(workers_app):
-    old = {w["index"]: w["pid"] for w in workers(workers_app)}
-    os.kill(old[1], signal.SIGKILL)
-    history = pinned_client(workers_app, 0).predict("Say yes.", api_name="/chat")  # worker 0 never stopped
-    assert history[-1]["content"]
-    deadline = time.monotonic() + 180
-    while True:
-        listed = {w["index"]: w for w in workers(workers_app)}
-        status, body = workers_app.health()
-        ready = {e["ui_worker"] for e in body["engines"] if e["state"] == "ready"}
-        if listed[1]["pid"] != old[1] and listed[1]["state"] == "serving" and status == 200 and 1 in ready:
-            break
-        assert time.monotonic() < deadline, f"worker 1 was not replaced: {body}"
-        time.sleep(0.5)
-    assert listed[0]["pid"] == old[0], "the other worker kept running"
-    assert len(engine_cores(workers_app)) == 1, "the engine core was not restarted"
-    before = replies_by_worker(workers_app).get("1", 0)
-    history = pinned_client(workers_app, 1).predict("Say no.", api_name="/chat")
-    assert history[-1]["content"]
-    assert replies_by_worker(workers_app).get("1", 0) > before
-
-
-def test_a_killed_engine_core_comes_back_with_every_worker(workers_app):
-    CHECKED_LOG["until"] = len(workers_app.log_path.read_text(errors="replace"))
-    (core,) = engine_cores(workers_app)
-    old_workers = {w["pid"] for w in workers(workers_app)}
-    core.kill()
-    deadline = time.monotonic() + 300
-    while True:
-        status, body = workers_app.health()
-        cores = engine_cores(workers_app)
-        ready = {e["ui_worker"] for e in body.get("engines", []) if e["state"] == "ready"}
-        if status == 200 and ready == {0, 1} and len(cores) == 1 and cores[0].pid != core.pid:
-            break
-        assert time.monotonic() < deadline, f"the engine did not come back: {body}"
-        time.sleep(0.5)
-    assert not old_workers & {w["pid"] for w in body["workers"]}, "the workers were started again"
-    assert "stopped; starting it and its UI workers again" in workers_app.log_path.read_text(errors="replace")
-    for worker in (0, 1):
-        assert pinned_client(workers_app, worker).predict("Say yes.", api_name="/chat")[-1]["content"]
+        for preset in (B, C):
+            assert chat(pinned(workers_app, worker), "Say yes.", preset)
+    assert [worker_pid(workers_app, port) for port in ports] == pids, "the workers kept running"

@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
 from bench.procs import ROOT
 from bench.run import Target, app_path, browser_path, measure, raw_path, versions, websocket_path
+from chat.presets import load_preset
 
 SHAPES = {
     # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.4 B parameters)
@@ -91,12 +93,16 @@ def write_model(model_dir: Path, tok_dir: Path, shape: str) -> dict[str, Any]:
     return cfg
 
 
-def write_preset(folder: Path, model_dir: Path, engine: dict[str, Any], device: str, max_tokens: int) -> Path:
+SECOND = "Llama-3-8B shape, 64 slots (dummy weights, benchmark)"
+
+
+def write_preset(folder: Path, model_dir: Path, engine: dict[str, Any], device: str, max_tokens: int,
+                 name: str = "Llama-3-8B shape (dummy weights, benchmark)", file: str = "bench-gpu.yaml") -> Path:
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
     preset = {
-        "name": "Llama-3-8B shape (dummy weights, benchmark)",
+        "name": name,
         "description": "Llama-3-8B geometry with random weights made on the GPU: timings only, the text is gibberish.",
         "model": str(model_dir),
         "hardware": {"device": device},
@@ -107,9 +113,29 @@ def write_preset(folder: Path, model_dir: Path, engine: dict[str, Any], device: 
         "ignore_eos": True,
         "timeout_s": 300,
     }
-    path = folder / "bench-gpu.yaml"
+    path = folder / file
     path.write_text(yaml.safe_dump(preset, sort_keys=False))
     return path
+
+
+def second_engine(engine: dict[str, Any]) -> dict[str, Any]:
+    """Another engine of the same model for the mixed load's comparisons: fewer slots, a smaller cache."""
+    second = {**engine, "max_num_seqs": 64}
+    if "kv_cache_memory_bytes" in engine and "gpu_memory_utilization" in engine:
+        second.update(kv_cache_memory_bytes=8 * 2**30, gpu_memory_utilization=0.2)
+    return second
+
+
+def start_in_background(url: str, preset: str) -> threading.Thread:
+    """Send one message on `preset` through the app, so that its engine starts while others do."""
+    def ask() -> None:
+        from gradio_client import Client
+
+        Client(url, verbose=False).predict("Hello", preset, None, 0.7, 0.9, 0, 8, 1.1, -1, api_name="/chat")
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return thread
 
 
 def gpu_info() -> str:
@@ -138,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
                     help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1]; "
                          "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
+    ap.add_argument("--mixed", default="", help="CHAT:VISITORS: after the closed loop, a burst of CHAT browser "
+                    "streams while VISITORS compare the preset with one on another engine (e.g. 128:16)")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the same steps on the CPU engine (tiny)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
@@ -158,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096,
                   "gpu_memory_utilization": args.gpu_mem, "kv_cache_memory_bytes": int(args.kv_gib * 2**30),
                   "max_num_seqs": 256, "max_num_batched_tokens": 8192, "seed": 0}
-    preset = write_preset(Path("/tmp/bench-gpu-presets"), args.model_dir, engine,
-                          "cpu" if args.cpu_smoke else "gpu", args.max_tokens)
+    device = "cpu" if args.cpu_smoke else "gpu"
+    preset = write_preset(Path("/tmp/bench-gpu-presets"), args.model_dir, engine, device, args.max_tokens)
+    if args.mixed:  # the raw engine reads only the first preset (bench/raw_engine.py --preset)
+        write_preset(Path("/tmp/bench-gpu-presets"), args.model_dir, second_engine(engine), device, args.max_tokens,
+                     name=SECOND, file="bench-gpu-second.yaml")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
@@ -205,12 +236,19 @@ def main(argv: list[str] | None = None) -> int:
                 browser = browser_path(app, count, args.context_lines, args.client_procs)
                 browser.notes["levels"] = variant.levels
                 apps.append(browser)
-        raw.servers[0].receive(timeout=max(60.0, left()))
-        event("raw engine ready")
+        warming = []
         for app in (a for a in apps if a.servers):
             app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
             event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
                   f"flush {app.notes['flush_ms']} ms, UI workers {app.notes.get('ui_workers') or 'auto'}); {gpu_info()}")
+            if args.mixed:
+                warming.append(start_in_background(app.notes["url"], SECOND))
+        raw.servers[0].receive(timeout=max(60.0, left()))
+        event("raw engine ready")
+        for thread in warming:
+            thread.join(max(60.0, left()))
+        if warming:
+            event(f"second engine ready in every app; {gpu_info()}")
         our = [t.servers[0].pid for t in started] + [os.getpid()]
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
         index = 0
@@ -239,6 +277,26 @@ def main(argv: list[str] | None = None) -> int:
                 index += n
                 result["closed"].append(record)
                 report(record, f"c={c:<3}")
+                save()
+
+        if args.mixed:
+            chat, visitors = (int(x) for x in args.mixed.split(":"))
+            for browser in (a for a in apps if a.name.endswith("-browser")):
+                if left() < 60:
+                    event(f"deadline: no mixed load for {browser.name}")
+                    continue
+                from bench.common import user_message
+                from bench.mixed import mixed_load
+
+                record = mixed_load(browser.notes["url"], browser, chat, visitors,
+                                    (load_preset(preset).name, SECOND), args.max_tokens, index, our,
+                                    user_message(index + chat, args.context_lines))
+                index += chat
+                result.setdefault("mixed", []).append(record)
+                report(record, f"mixed {chat}+{visitors}x2")
+                m = record["mixed"]
+                event(f"  {m['comparisons']} comparisons, first token p50 {m['comparison_ttft_ms_p50']} "
+                      f"p99 {m['comparison_ttft_ms_p99']} ms, errors {len(m['comparison_errors'])}")
                 save()
 
         def at_rate(target: Target, rate: float) -> dict[str, Any]:

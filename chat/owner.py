@@ -281,10 +281,17 @@ class EngineOwner(EngineRegistry):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._snapshot_now.wait(), SNAPSHOT_EVERY_S)
             self._snapshot_now.clear()
-            capacity = None
-            if self.capacity is not None:
-                capacity = {k: v for k, v in self.capacity.items() if k != "peer"}
-            snapshot = {"op": "snapshot", "engines": [v.as_dict() for v in self.overview(first_tokens=True)],
-                        "workers": self.worker_states(), "capacity": capacity}
+            try:
+                snapshot = self.snapshot()
+            except Exception:  # a bug here must not leave the workers without news for good
+                log.exception("The engines' snapshot for the UI workers failed")
+                continue
             for peer in list(self.peers.values()):
                 await peer.send(snapshot)
+
+    def snapshot(self) -> dict[str, Any]:
+        capacity = None
+        if self.capacity is not None:
+            capacity = {k: v for k, v in self.capacity.items() if k != "peer"}
+        return {"op": "snapshot", "engines": [v.as_dict() for v in self.overview(first_tokens=True)],
+                "workers": self.worker_states(), "capacity": capacity}

@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,10 @@ FINAL = {"slot", "ready", "failed", "busy", "answer"}
 class OwnerLink:
     """The worker's one connection to the owner."""
 
-    def __init__(self, folder: Path, worker: int) -> None:
+    def __init__(self, folder: Path, worker: int, on_lost: Callable[[], None] | None = None) -> None:
         self.folder, self.worker = folder, worker
+        # Without its owner a worker cannot serve (the supervisor is gone or replacing it): it stops.
+        self.on_lost = on_lost or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.snapshot: dict[str, Any] = {}
@@ -94,9 +96,8 @@ class OwnerLink:
             log.exception("The connection to the engine owner failed")
         for queue in self._answers.values():
             queue.put_nowait({"op": "lost"})
-        # Without its owner a worker cannot serve: the supervisor is gone or replacing it.
         log.warning("UI worker %d lost the engine owner; stopping", self.worker)
-        os.kill(os.getpid(), signal.SIGTERM)
+        self.on_lost()
 
     # --- one capacity test at a time, for the whole app ----------------------------------------
 

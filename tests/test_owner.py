@@ -1,0 +1,102 @@
+"""The engine owner's decisions with several UI workers, over its real socket: an engine is taken
+away only when every worker says it is idle there, and every worker learns what became of it.
+vLLM sleeps only on CUDA, so the engines here have a stand-in for AsyncLLM's sleep and wake-up (as
+in tests/test_registry.py); tests/test_workers.py runs the real engines on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from chat.engine import Engine, EngineState
+from chat.owner import EngineOwner
+from chat.owner_link import LinkedRegistry, OwnerLink
+from chat.presets import PresetCatalog
+from tests.conftest import eventually
+from tests.test_registry import SleepyLLM as SleepOnly
+
+pytestmark = pytest.mark.unit
+
+
+class SleepyLLM(SleepOnly):
+    """AsyncLLM's sleep mode and its count of unfinished requests (what /healthz shows)."""
+
+    class output_processor:  # noqa: N801 - AsyncLLM's attribute
+        @staticmethod
+        def get_num_unfinished_requests() -> int:
+            return 0
+
+
+@pytest.fixture
+async def owner_and_workers(monkeypatch, default_preset, tmp_path):
+    monkeypatch.setattr("chat.engine.on_cpu", lambda: False)  # sleep mode is offered on CUDA only
+    presets = [dataclasses.replace(default_preset, name=name,
+                                   engine={**default_preset.engine, "enable_sleep_mode": True, "seed": ord(name)})
+               for name in ("A", "B")]
+    owner = EngineOwner(PresetCatalog({p.name: p for p in presets}, {}), tmp_path, workers=2, memory_budget=1.0)
+    owner_engines = {}
+    for preset, state in zip(presets, (EngineState.READY, EngineState.SLEEPING), strict=True):
+        engine = Engine(preset=preset, state=state, memory_need=0.6, generation=1)
+        engine.llm = SleepyLLM()  # type: ignore[assignment]
+        owner._engines[engine.key] = owner_engines[preset.name] = engine
+    serving = asyncio.get_running_loop().create_task(owner.serve())
+    workers = []
+    for index in range(2):
+        link = OwnerLink(tmp_path, index, on_lost=lambda: None)
+        registry = LinkedRegistry(link)
+        await eventually(lambda: (tmp_path / "owner.sock").exists(), within_s=5)
+        await link.open()
+        engine = Engine(preset=presets[0], state=EngineState.READY, generation=1)  # each worker joined A's core
+        engine.llm = SleepyLLM()  # type: ignore[assignment]
+        engine.last_used = 0.0
+        registry._engines[engine.key] = engine
+        workers.append(registry)
+    assert await eventually(lambda: len(owner.peers) == 2, within_s=5)
+    yield owner, owner_engines, workers
+    for worker in workers:
+        worker.link.writer.close()
+    serving.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+
+
+async def test_an_engine_in_use_on_any_worker_is_not_put_to_sleep(owner_and_workers):
+    owner, engines, (first, second) = owner_and_workers
+    busy = second.peek(engines["A"].preset)
+    busy._streams["a reply"] = lambda reason: None
+    owner.prepare(engines["B"].preset)
+    await engines["B"].task
+    assert engines["A"].state is EngineState.READY and engines["A"].llm.calls == []
+    assert engines["B"].state is EngineState.SLEEPING and engines["B"].refusal is not None
+    # The workers asked to hold A's new requests were told to go on.
+    assert await eventually(lambda: all(w.peek(engines["A"].preset).held is None for w in (first, second)), 5)
+
+
+async def test_an_engine_idle_on_every_worker_sleeps_and_every_worker_learns_it(owner_and_workers):
+    owner, engines, workers = owner_and_workers
+    owner.prepare(engines["B"].preset)
+    await engines["B"].task
+    assert engines["A"].llm.calls == ["sleep"] and engines["B"].llm.calls == ["wake"]
+    assert engines["B"].state is EngineState.READY
+    for worker in workers:
+        assert await eventually(lambda w=worker: w.peek(engines["A"].preset).state is EngineState.SLEEPING, 5)
+        assert worker.peek(engines["A"].preset).held is None
+    assert await eventually(lambda: {v.preset: v.state for v in workers[0].overview()} == {"A": "sleeping", "B": "ready"}, 5)
+
+
+async def test_one_capacity_test_at_a_time_across_workers(owner_and_workers):
+    from chat.errors import InputError
+
+    owner, _, (first, second) = owner_and_workers
+    await first.link.take_capacity(["A"], 60, "alice")
+    with pytest.raises(InputError, match="already running"):
+        await second.link.take_capacity(["A"], 60, "bob")
+    assert await eventually(lambda: (second.link.capacity_elsewhere() or {}).get("presets") == ["A"], 5)
+    stopped = []
+    first.link.on_capacity_stop.append(lambda: stopped.append(True))
+    await second.link.stop_capacity_elsewhere()
+    assert await eventually(lambda: stopped == [True], 5)
+    first.link.give_back_capacity()
+    assert await eventually(lambda: second.link.capacity_elsewhere() is None, 5)
+    await second.link.take_capacity(["A"], 60, "bob")

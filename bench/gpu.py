@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", default="1:4", help="requests per closed-loop run as level:count (default: one each)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--context-lines", type=int, default=16, help="filler lines per prompt (~30 tokens each)")
-    ap.add_argument("--rates", default="10,20,25,30,35,40", help="steady request rates to try, requests/s, rising")
+    ap.add_argument("--rates", default="10,20,25,30,35,40", help="steady request rates to try, requests/s, rising (\"\": none)")
     ap.add_argument("--rate-seconds", type=float, default=12.0, help="seconds of arrivals per rate")
     ap.add_argument("--ttft-slo-ms", type=float, default=800.0)
     ap.add_argument("--kv-gib", type=float, default=32.0, help="KV cache per engine (two engines share the GPU)")
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         # Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective.
         best: float | None = None
         failed: float | None = None
-        for rate in (float(x) for x in args.rates.split(",")):
+        for rate in (float(x) for x in args.rates.split(",") if x):
             if left() < args.rate_seconds + 45:
                 event(f"deadline: stopping the rate search before {rate}/s")
                 break

@@ -111,7 +111,7 @@ class SharedCore:
             outputs=[f"ipc://{sockets}/{tag}-out-{i}" for i in range(slots)],
         )
         executor = Executor.get_class(config)
-        if hasattr(engine_utils, "CoreEngineLaunch"):  # vLLM 0.32: one object, the barrier on exit
+        if hasattr(engine_utils, "bind_engine_zmq_listeners"):  # vLLM 0.32: one object, the barrier on exit
             self._launch = engine_utils.launch_core_engines(config, executor, True, addresses)
             launched = self._launch.__enter__()
             self.manager, self.coordinator = launched.engine_manager, launched.coordinator

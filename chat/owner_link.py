@@ -153,12 +153,14 @@ class LinkedRegistry(EngineRegistry):
         return dead
 
     async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str, None]:
+        engine = self.prepare(preset)
         while True:
-            engine = self.prepare(preset)
             if engine.held is not None:  # the owner is deciding whether to take it away
                 yield f"Waiting for the engine for {preset.name}…"
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(engine.held.wait(), timeout=every_s)
+                if engine.held is None:  # decided: it may be asleep or unloaded now, so ask again
+                    engine = self.prepare(preset)
                 continue
             if engine.state is EngineState.STARTING:
                 yield engine.status()

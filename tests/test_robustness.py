@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 import urllib.request
@@ -141,7 +142,13 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
     )
     assert messages[0]["content"] and not messages[0].get("metadata")  # the text so far is kept
     status, body = get_json(app.url + "healthz")
-    assert status == 503 and "Restarting the engine" in body["reason"]
+    assert status == 503 and body == {"status": "unavailable"}, "strangers learn only whether it serves"
+    signed_in = urllib.request.Request(app.url + "healthz", headers={"Authorization": "Basic ZGVtbzpzM2NyZXQ="})
+    try:
+        urllib.request.urlopen(signed_in, timeout=10)
+        raise AssertionError("healthz answered 200 while the engine restarts")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503 and "Restarting the engine" in json.loads(exc.read())["reason"]
     # The next message waits for the new engine instead of failing.
     after = Client(app.url, auth=AUTH, verbose=False).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
     assert after[-1]["metadata"]["title"].startswith("📊 ")

@@ -57,6 +57,7 @@ class AppVariant:
     ws: bool = False  # also read the same server through the app's WebSocket API ("NAME-ws")
     browser: bool = False  # also as a browser uses it: the Chat tab's events and live text ("NAME-browser")
     ui_workers: int | None = None  # app.py --ui-workers; None: the app's own choice
+    api: bool = True  # also measure Gradio's /chat endpoint as gradio_client uses it ("NAME")
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -68,7 +69,7 @@ class AppVariant:
                 variant.levels = tuple(int(x) for x in value.split("/"))
             elif key in ("max_threads", "flush_ms", "ui_workers"):
                 setattr(variant, key, int(value))
-            elif key in ("ws", "browser"):
+            elif key in ("ws", "browser", "api"):
                 setattr(variant, key, value not in ("0", "false", "no"))
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
-                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1]; "
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:api=0]; "
                          "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
     ap.add_argument("--mixed", default="", help="CHAT:VISITORS: after the closed loop, a burst of CHAT browser "
                     "streams while VISITORS compare the preset with one on another engine (e.g. 128:16)")
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                                  flush_ms=variant.flush_ms, client_procs=args.client_procs,
                                  max_threads=variant.max_threads, ui_workers=variant.ui_workers))
             apps[-1].notes["levels"] = variant.levels
+            apps[-1].notes["measured"] = variant.api
             started.append(apps[-1])
         for variant, app in zip(list(args.apps), list(apps), strict=True):
             if variant.ws:
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             if left() < 30:
                 event(f"deadline: skipping level {c} and later")
                 break
-            targets = [raw] + [a for a in apps if not a.notes["levels"] or c in a.notes["levels"]]
+            targets = [raw] + [a for a in apps if (not a.notes["levels"] or c in a.notes["levels"])
+                               and a.notes.get("measured", True)]
             turn = li % len(targets)
             for target in targets[turn:] + targets[:turn]:
                 target.run(c, c, 900_000 + index, 8)  # warm-up: new batch shapes compile the sampler
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            for app in (a for a in apps if not a.notes.get("bursts_only")):
+            for app in (a for a in apps if not a.notes.get("bursts_only") and a.notes.get("measured", True)):
                 if left() < args.rate_seconds + 30:
                     event(f"deadline: {app.name} not run at {rate}/s")
                     continue

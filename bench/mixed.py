@@ -2,9 +2,9 @@
 
     record = mixed_load(url, browser, chat=128, visitors=16, presets=(a, b), ...)
 
-Each visitor is a gradio_client session (it keeps the front door's cookie, as a browser does) that
-sends one prompt to two presets on different engines through `/compare`, again and again, until
-the chat burst has ended. The burst is measured as in the closed loop (bench.run.measure); each
+Each visitor is a gradio_client (it keeps the front door's cookie, as a browser does) that sends
+one prompt to two presets on different engines through `/compare`, in a new comparison each time,
+again and again until the chat burst has ended. The burst is measured as in the closed loop (bench.run.measure); each
 comparison's columns give their time to first token from their stats lines.
 """
 
@@ -43,10 +43,12 @@ def mixed_load(url: str, browser: Target, chat: int, visitors: int, presets: tup
         while not stop.is_set():
             began = time.monotonic()
             try:
+                client.reset_session()  # a new comparison each time (a session's follow-ups grow its prompt)
                 result = client.predict(list(presets), False, prompt, [settings, settings], api_name="/compare")
                 titles = [c["messages"][-1]["metadata"].get("title", "") for c in result["columns"]]
+                refused = [t for t in titles if t.startswith("⚠")]
                 compares.append({"s": time.monotonic() - began, "ttft_ms": [_first_token_ms(t) for t in titles],
-                                 "error": None})
+                                 "error": refused[0] if refused else None})
             except Exception as exc:  # counted, not raised: the burst's numbers still stand
                 compares.append({"s": time.monotonic() - began, "ttft_ms": [], "error": repr(exc)[:300]})
 

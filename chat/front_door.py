@@ -42,6 +42,9 @@ IDLE_TIMEOUT_S = 120
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
 RETRY_FOR_S = 5
+# Caddy must drop an idle connection to a worker before the worker does (uvicorn: after 5 s), or a
+# request sent on it just then is reset and answered 502 (seen on the H200 with bursts of 256).
+UPSTREAM_IDLE_S = 3
 
 
 def caddy_binary() -> Path | None:
@@ -82,6 +85,7 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 			flush_interval -1
 			transport http {{
 				dial_timeout 2s
+				keepalive {UPSTREAM_IDLE_S}s
 				max_conns_per_host {MAX_CONNS_PER_WORKER}
 			}}
 		}}"""

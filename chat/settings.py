@@ -70,7 +70,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ui_workers", ("CHAT_UI_WORKERS",), 0,
             "Processes that serve the web page, behind the one port (Caddy), all clients of the same engines; each "
             "browser stays with one. More serve more simultaneous readers. 0 picks 1 on a CPU engine (the engine needs "
-            "the cores) and on a GPU one per 4 processor cores, at most 4.", int),
+            "the cores) and on a GPU one per 2 processor cores, at most 8.", int),
     Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
             "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
     Setting("verbose", ("CHAT_VERBOSE",), False,
@@ -125,4 +125,4 @@ def ui_workers(args: argparse.Namespace, has_gpu: bool) -> int:
     engine's processes, and a CPU engine computes on every core (a worker there only takes from it)."""
     if args.ui_workers > 0:
         return int(args.ui_workers)
-    return max(1, min(4, (os.cpu_count() or 1) // 4)) if has_gpu else 1
+    return max(1, min(8, (os.cpu_count() or 1) // 2)) if has_gpu else 1

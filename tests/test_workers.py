@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -30,7 +31,7 @@ from chat.client import ReplyStream
 from chat.embedded import model_dir
 from chat.front_door import COOKIE, worker_cookie
 from chat.models import weights_bytes
-from tests.conftest import OUTPUT, PROBLEM_LINE, RunningApp, small_preset, start_app, stop_app
+from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, small_preset, start_app, stop_app
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
@@ -377,3 +378,13 @@ def test_a_killed_engine_core_is_started_again_and_its_workers_rejoin(workers_ap
         for preset in (B, C):
             assert chat(pinned(workers_app, worker), "Say yes.", preset)
     assert [worker_pid(workers_app, port) for port in ports] == pids, "the workers kept running"
+
+
+def test_without_caddy_the_app_says_what_to_run(tmp_path):
+    from chat.front_door import MISSING
+
+    done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--ui-workers", "2", "--port", "1"],
+                          env={**os.environ, "CHAT_CADDY": str(tmp_path / "no-such-caddy")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == MISSING
+    assert "Traceback" not in done.stdout + done.stderr

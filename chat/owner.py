@@ -103,6 +103,7 @@ class EngineOwner(EngineRegistry):
         self._holders: dict[str, dict[int, int]] = {}  # engine key -> peer number -> its slot at the core
         self._free: dict[str, list[int]] = {}  # engine key -> slots nobody has taken
         self._snapshot_now = asyncio.Event()
+        self._taking: dict[str, asyncio.Event] = {}  # engines being put to sleep or unloaded to make room
 
     async def serve(self) -> None:
         """Answer the workers until cancelled."""
@@ -130,12 +131,18 @@ class EngineOwner(EngineRegistry):
         answers = await asyncio.gather(*(p.ask({"op": "drain", "key": engine.key}) for p in peers),
                                        return_exceptions=True)
         if all(isinstance(a, dict) and a.get("idle") for a in answers):
+            self._taking[engine.key] = asyncio.Event()  # a worker asking for it now waits until it is asleep or gone
             return True
         log.info("Keeping %r: a UI worker is using it (%s)", engine.preset.name,
                  ", ".join(repr(a) if isinstance(a, BaseException) else str(a.get("idle")) for a in answers))
         for peer in peers:
             await peer.send({"op": "resume", "key": engine.key})
         return False
+
+    def _taken(self, engine: Engine) -> None:
+        taken = self._taking.pop(engine.key, None)
+        if taken is not None:
+            taken.set()
 
     async def _before_unload(self, engine: Engine, reason: str) -> None:
         peers = list(self.peers.values())
@@ -234,12 +241,18 @@ class EngineOwner(EngineRegistry):
             await peer.send({"op": "failed", "id": ident, "message": exc.message, "retry_in": 0})
             return
         try:
-            async for _ in self.wait_until_ready(preset):
-                engine = self.peek(preset)
-                if engine is not None:
-                    await peer.send({"op": "status", "id": ident, "phase": engine.phase,
-                                     "elapsed": time.monotonic() - engine.started_at, "delay": engine.start_delay_s})
-            engine = await self.get(preset)
+            while True:
+                async for _ in self.wait_until_ready(preset):
+                    engine = self.peek(preset)
+                    if engine is not None:
+                        await peer.send({"op": "status", "id": ident, "phase": engine.phase,
+                                         "elapsed": time.monotonic() - engine.started_at,
+                                         "delay": engine.start_delay_s})
+                engine = await self.get(preset)
+                taking = self._taking.get(engine.key)
+                if taking is None:
+                    break
+                await taking.wait()  # being put to sleep or unloaded: then wake or start it again
         except EngineBusy as exc:
             await peer.send({"op": "busy", "id": ident, "message": exc.message})
             return

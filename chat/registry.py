@@ -237,13 +237,16 @@ class EngineRegistry:
                     f"{incoming.preset.name} cannot be loaded while the other loaded models are in use; "
                     "try again in a minute or pick a preset that is already loaded."
                 )
-            if victim.can_sleep and victim.llm is not None:
-                log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
-                await victim.sleep()
-                self._changed(victim)
-            else:
-                log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
-                await self.unload(victim)
+            try:
+                if victim.can_sleep and victim.llm is not None:
+                    log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
+                    await victim.sleep()
+                    self._changed(victim)
+                else:
+                    log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
+                    await self.unload(victim)
+            finally:
+                self._taken(victim)
 
     async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
@@ -294,6 +297,9 @@ class EngineRegistry:
     async def _may_take(self, engine: Engine) -> bool:
         """Whether an engine may be put to sleep or unloaded now to make room: nobody is using it."""
         return not engine.streams
+
+    def _taken(self, engine: Engine) -> None:
+        """An engine `_may_take` allowed is asleep or unloaded now (or the attempt failed)."""
 
     async def _before_unload(self, engine: Engine, reason: str) -> None:
         """Before an engine's processes stop: nothing here; the owner lets its clients go first."""

@@ -100,3 +100,55 @@ async def test_one_capacity_test_at_a_time_across_workers(owner_and_workers):
     first.link.give_back_capacity()
     assert await eventually(lambda: second.link.capacity_elsewhere() is None, 5)
     await second.link.take_capacity(["A"], 60, "bob")
+
+
+class GatedSleep(SleepyLLM):
+    """Sleep that takes as long as the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.gate.wait()
+        await super().sleep(level)
+
+
+class Core:
+    """A shared core's slots, as the owner hands them out."""
+
+    def slot(self, index: int) -> object:
+        from chat.engine_core import EngineSlot
+
+        return EngineSlot(f"ipc://in-{index}", f"ipc://out-{index}", 7, index)
+
+
+class Listener:
+    """A worker's end of the line, as the owner's acquire sees it."""
+
+    number = 99
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+
+async def test_a_worker_asking_for_an_engine_being_put_to_sleep_gets_it_woken_not_a_sleeping_one(owner_and_workers):
+    owner, engines, _ = owner_and_workers
+    a, b = engines["A"], engines["B"]
+    a.llm = GatedSleep()  # type: ignore[assignment]
+    a.core = b.core = Core()  # type: ignore[assignment]
+    owner._free = {a.key: [3, 4], b.key: [3, 4]}
+    owner.prepare(b.preset)  # B wakes; A, idle everywhere, is being put to sleep to make room
+    assert await eventually(lambda: a.key in owner._taking, 5)
+    newcomer = Listener()
+    asking = asyncio.get_running_loop().create_task(owner._acquire(newcomer, {"id": 1, "preset": "A", "have": None}))
+    await asyncio.sleep(0.2)
+    assert not asking.done() and not [m for m in newcomer.sent if m["op"] == "slot"], "it waits while A is taken"
+    a.llm.gate.set()
+    await asyncio.wait_for(asking, 10)
+    assert a.llm.calls == ["sleep", "wake"] and a.state is EngineState.READY  # woken again for the newcomer
+    assert b.state is EngineState.SLEEPING
+    assert newcomer.sent[-1]["op"] == "slot"

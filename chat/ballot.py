@@ -11,6 +11,7 @@ cast it again; the store's sentence is what they read. No Gradio here.
 from __future__ import annotations
 
 import logging
+import math
 
 from chat.compare import Comparison, Vote
 from chat.errors import ChatError, InputError
@@ -33,7 +34,7 @@ def choice_of(comparison: Comparison | None, choice: object, turn: object = None
         raise InputError(f"Vote with one of: {', '.join(value for _, value in options)}; {choice!r} is not one.")
     latest = len(comparison.turns)
     if turn is not None and turn != "":
-        if isinstance(turn, bool) or not isinstance(turn, int | float) or int(turn) != turn:
+        if isinstance(turn, bool) or not isinstance(turn, int | float) or not math.isfinite(turn) or int(turn) != turn:
             raise InputError(f"The turn must be a whole number; the latest turn is {latest}.")
         if int(turn) != latest:
             raise InputError(f"Only the latest turn ({latest}) can be voted on; turn {turn:g} is not it.")

@@ -37,6 +37,9 @@ def test_an_api_caller_may_name_a_choice_by_label_or_by_the_buttons_words(choice
     ("one turn", "A", "first", "The turn must be a whole number; the latest turn is 1."),
     ("one turn", "A", True, "The turn must be a whole number; the latest turn is 1."),
     ("one turn", "A", 1.5, "The turn must be a whole number; the latest turn is 1."),
+    ("one turn", "A", float("nan"), "The turn must be a whole number; the latest turn is 1."),
+    ("one turn", "A", float("inf"), "The turn must be a whole number; the latest turn is 1."),
+    ("one turn", "A", 1e400, "The turn must be a whole number; the latest turn is 1."),
     ("one turn", "A", 2, "Only the latest turn (1) can be voted on; turn 2 is not it."),
 ])
 def test_a_malformed_vote_is_refused_with_a_sentence(comparison, choice, turn, message):

@@ -236,6 +236,9 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
         return 2
     for problem in catalog.problems.values():
         log.warning("Preset unavailable: %s", problem)
+    if args.share:
+        log.warning("--share makes no public link with several UI workers (Gradio's link reaches one process); "
+                    "publish the front door's port yourself, or use --ui-workers 1.")
     folder = control.private_folder()
     # Before anything imports prometheus_client, in this process and the ones it starts.
     metrics_dir = folder / "metrics"

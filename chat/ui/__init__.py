@@ -45,7 +45,8 @@ def build_ui(
     without anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
     gradio_internals.install()
     admins = admins or Admins()
-    with gr.Blocks(title="vLLM chat demo", fill_height=True) as demo:
+    # Gradio keeps a copy of every file it serves: emptied of what is over an hour old (chat/ui/downloads.py).
+    with gr.Blocks(title="vLLM chat demo", fill_height=True, delete_cache=(1800, 3600)) as demo:
         if lab is None and admins.anyone_can_be:
             lab = CapacityLab(service)
         if lab is not None:

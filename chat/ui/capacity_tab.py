@@ -9,9 +9,7 @@ everyone else, but an event can be sent without the page.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -34,6 +32,7 @@ from chat.charts import COLOURS, FAINT, Legend, Panel, Series, line_panels
 from chat.errors import ChatError
 from chat.service import ChatService
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
+from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM
 from chat.ui.svg_png import save_png_js
 
@@ -190,7 +189,7 @@ class CapacityTab:
 
     def finished(self, run: CapacityRun) -> dict[Any, Any]:
         report = run.report()
-        folder = Path(tempfile.mkdtemp(prefix="vllm-chat-capacity-"))
+        folder = new_folder("capacity")
         (folder / "capacity.csv").write_text(report.to_csv(), encoding="utf-8", newline="")
         (folder / "capacity.json").write_text(report.to_json(), encoding="utf-8")
         line = f"The capacity test {report.ended}: {len(report.steps)} step{'s' if len(report.steps) != 1 else ''} measured."

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from chat.sampling import KNOB_NAMES, Knob, Sampling
 from chat.service import ChatService, ReplyRequest, check_text
 from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
+from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
 from chat.votes import VoteStore
 
@@ -56,7 +56,7 @@ class Board:
 
     def exports(self) -> dict[str, Path]:
         assert self.comparison is not None
-        self.export_dir = self.export_dir or Path(tempfile.mkdtemp(prefix="vllm-chat-compare-"))
+        self.export_dir = self.export_dir or new_folder("compare")
         return write_exports(self.comparison, self.export_dir)
 
 

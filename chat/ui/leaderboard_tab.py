@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from chat import leaderboard, votes
 from chat.admin import NOT_ADMIN, Admins
 from chat.charts import Interval, interval_chart
 from chat.leaderboard import BASE, Leaderboard, rank_async
+from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM
 from chat.ui.svg_png import save_png_js
 from chat.votes import VoteStore
@@ -56,7 +56,7 @@ class Standings:
         self.store = store
         self._lock = asyncio.Lock()
         self._views: dict[bool, tuple[tuple[Any, ...], View]] = {}
-        self._root = Path(tempfile.mkdtemp(prefix="vllm-chat-leaderboard-"))
+        self._root = new_folder("leaderboard")
         self._made = 0
 
     async def view(self, include_revealed: bool = False) -> View:

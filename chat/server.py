@@ -102,7 +102,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
 
     from chat import metrics
     from chat.admin import Admins
-    from chat.auth import Login
+    from chat.auth import Login, LoginLimit
     from chat.capacity_run import CapacityLab
     from chat.engine_core import on_cpu
     from chat.errors import ChatError, PresetError
@@ -168,6 +168,8 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         store.close()
 
     middleware = [Middleware(GZipMiddleware, minimum_size=1024)]
+    if login is not None:
+        middleware.append(Middleware(LoginLimit))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
     demo.launch(

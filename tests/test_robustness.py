@@ -159,3 +159,27 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
     with urllib.request.urlopen(metrics_request, timeout=10) as response:
         assert f'chat_engine_restarts_total{{preset="{PRESET}"}} 1.0' in response.read().decode()
 
+
+
+@pytest.mark.app
+def test_failed_sign_ins_from_one_address_are_refused_for_a_while(protected_app):
+    """Last in the module: it leaves this machine's address locked out of the app for 5 minutes."""
+    import urllib.error
+    import urllib.parse
+
+    from chat.auth import MAX_FAILURES, TOO_MANY
+
+    def sign_in(password: str) -> tuple[int, bytes]:
+        form = urllib.parse.urlencode({"username": AUTH[0], "password": password}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(protected_app.url + "login", data=form), timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    refused = [sign_in(f"guess {i}")[0] for i in range(MAX_FAILURES + 1)]
+    wrong = refused.index(429)  # (an earlier test here sent wrong Basic credentials once)
+    assert MAX_FAILURES - 1 <= wrong <= MAX_FAILURES and set(refused[:wrong]) == {400}, refused
+    status, body = sign_in(AUTH[1])  # the right password, from an address that guessed too often
+    assert status == 429 and json.loads(body)["detail"] == TOO_MANY
+    assert http_status(protected_app.url + "metrics", AUTH) == 401

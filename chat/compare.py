@@ -28,6 +28,7 @@ from chat.stats import ReplyStats
 LABELS = "ABCD"
 MIN_COLUMNS, MAX_COLUMNS = 2, len(LABELS)
 HIDDEN = "hidden until you vote"
+HIDDEN_STATS = "Stats are shown after you vote: how fast and how long each reply is could tell the columns apart."
 TIE, ALL_BAD = "tie", "bad"
 
 
@@ -105,6 +106,11 @@ class Comparison:
     def revealed(self) -> bool:
         """Whether preset names may be shown: always, unless blind and not voted yet."""
         return not self.blind or any(turn.vote for turn in self.turns)
+
+    @property
+    def hides_stats(self) -> bool:
+        """Blind and not voted on yet: nothing may tell the columns apart, speed and length included."""
+        return not self.revealed
 
     def preset_of(self, column: int) -> str:
         return self.columns[column].preset if self.revealed else HIDDEN

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from chat.compare import HIDDEN, Comparison
+from chat.compare import HIDDEN, HIDDEN_STATS, Comparison
 from chat.sampling import KNOB_NAMES, KNOBS, Sampling
 from chat.stats import percentile
 
@@ -37,6 +37,9 @@ def summarize(comparison: Comparison) -> list[ColumnSummary]:
     rows = []
     for index, column in enumerate(comparison.columns):
         stats = [r.stats for turn in comparison.turns for r in turn.attempts(index) if r.stats is not None]
+        if comparison.hides_stats:  # blind: speed and length would tell the columns apart before the vote
+            rows.append(ColumnSummary(column.label, comparison.preset_of(index), len(stats), None, None, None, None, 0))
+            continue
         first_tokens = [s.first_token_s for s in stats if s.first_token_s is not None]
         speeds = [s.tokens_per_s for s in stats if s.tokens_per_s is not None]
         wins = sum(1 for turn in comparison.turns if turn.vote and turn.vote.choice == column.label)
@@ -65,7 +68,8 @@ def as_dict(comparison: Comparison) -> dict[str, Any]:
         replies = [
             {"column": comparison.columns[reply.column].label, "preset": comparison.preset_of(reply.column),
              "attempt": reply.attempt, "sampling": reply.sampling.as_dict() if shown else HIDDEN, "text": reply.text,
-             "stats": _without(reply.stats.as_dict(), "preset", "sampling") if reply.stats else None,
+             "stats": _without(reply.stats.as_dict(), "preset", "sampling")
+             if reply.stats and not comparison.hides_stats else None,
              "error": reply.error, "notice": reply.notice}
             for reply in turn.replies
         ]
@@ -148,7 +152,7 @@ def to_markdown(comparison: Comparison) -> str:
             lines += ["", f"### {comparison.title(reply.column)}{rerun}", ""]
             lines += [*(f"> {line}" for line in reply.text.splitlines() or ["(no text)"]), ""]
             if reply.stats is not None:
-                lines.append(f"*{reply.stats.summary()}*")
+                lines.append(f"*{HIDDEN_STATS if comparison.hides_stats else reply.stats.summary()}*")
             if reply.error or reply.notice:
                 lines.append(f"*{reply.error or reply.notice}*")
             lines.append(f"Settings: {settings_text(reply.sampling) if comparison.revealed else HIDDEN}")

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import random
+import re
 import threading
 import time
 from urllib.parse import parse_qsl, urlsplit
@@ -88,10 +89,17 @@ def test_blind_columns_hide_names_everywhere_until_the_first_vote(presets):
     assert {r["sampling"] for turn in json.loads(to_json(comparison))["turns"] for r in turn["replies"]} == {HIDDEN}
     assert {row["temperature"] for row in csv.DictReader(io.StringIO(to_csv(comparison)))} == {""}
     assert "Settings: hidden until you vote" in to_markdown(comparison) and "Temperature" not in to_markdown(comparison)
+    # Nor how fast or how long each column's reply was: the summary, the exports and the page say nothing.
+    assert [(r.replies, r.first_token_median_s, r.tokens_per_s_median, r.length_median_tokens)
+            for r in summarize(comparison)] == [(1, None, None, None), (1, None, None, None)]
+    assert {r["stats"] is None for turn in json.loads(to_json(comparison))["turns"] for r in turn["replies"]} == {True}
+    assert {row["generated_tokens"] + row["first_token_s"] for row in csv.DictReader(io.StringIO(to_csv(comparison)))} == {""}
+    assert not re.search(r"first token [\d.]+", to_markdown(comparison)) and "Stats are shown after you vote" in to_markdown(comparison)
     vote = comparison.vote("B")
     assert vote.blind and comparison.revealed
     assert comparison.title(1) == f"B · {comparison.columns[1].preset}"
     assert {row.preset for row in summarize(comparison)} == {CREATIVE, DETERMINISTIC}
+    assert all(r.first_token_median_s is not None for r in summarize(comparison))
     answer(comparison, "And another?")
     assert not comparison.vote(TIE).blind  # the names were known by then, and the record says so
 
@@ -298,3 +306,26 @@ def test_malformed_settings_through_the_api_are_refused_with_a_sentence(app_serv
     assert result["status"].startswith("⚠️ sampling is a list") and result["columns"] == [], result
     result = client.predict([CREATIVE, DETERMINISTIC], False, "Hi", [{"temprature": 1}, {}], api_name="/compare")
     assert "Unknown setting 'temprature'" in result["status"] and result["turn"] == 0, result
+
+
+def test_blind_columns_cannot_be_told_apart_before_the_vote_through_the_api(app_server):
+    """Whatever settings a visitor asks for, a blind comparison writes every column with the same ones,
+    and before the vote each column's lines read the same."""
+    from gradio_client import Client
+
+    client = Client(app_server.url, verbose=False)
+    apart = client.predict([CREATIVE, DETERMINISTIC], True, "Count to ten.", [{"max_tokens": 1}, {"max_tokens": 3}],
+                           api_name="/compare")
+    assert apart["status"].startswith("⚠️ In a blind comparison every column writes with the same settings"), apart
+    shared = {"max_tokens": 12, "temperature": 0.0}
+    result = client.predict([CREATIVE, DETERMINISTIC], True, "Count to ten.", [shared, shared], api_name="/compare")
+    lines = [[m["metadata"].get("title") for m in column["messages"] if m["metadata"].get("title")]
+             for column in result["columns"]]
+    assert lines[0] == lines[1] == ["📊 Stats are shown after you vote: how fast and how long each reply is could "
+                                    "tell the columns apart."], lines
+    assert [column["title"] for column in result["columns"]] == ["A", "B"]
+    assert client.predict("A", None, api_name="/vote")["ok"]
+    after = client.predict([CREATIVE, DETERMINISTIC], True, "Count to five.", [shared, shared], api_name="/compare")
+    titles = [column["messages"][-1]["metadata"]["title"] for column in after["columns"]]
+    assert all(title.startswith("📊 first token") for title in titles), titles
+    assert app_server.wait_idle()["engines"][0]["running"] == 0

@@ -28,6 +28,8 @@ MAX_SESSIONS = 1000
 BUSY = f"{PROBLEM} Wait until every column has finished, or call /compare_stop."
 SAMPLING_SHAPE = ("sampling is a list with one object of settings per picked preset, "
                   'e.g. [{"temperature": 0.2}, {"max_tokens": 64}].')
+BLIND_SHARED = (f"{PROBLEM} In a blind comparison every column writes with the same settings, or they could be "
+                "told apart: give one set of settings, or the same for each preset.")
 
 
 def view(comparison: Comparison | None, jobs: Sequence[Job] = (), status: str = "") -> dict[str, Any]:
@@ -77,6 +79,10 @@ class CompareApi:
             return
         if sampling is not None and not (isinstance(sampling, list) and all(isinstance(s, dict) for s in sampling)):
             yield view(board.comparison, status=f"{PROBLEM} {SAMPLING_SHAPE}")
+            return
+        hidden = board.comparison.hides_stats if board.comparison else bool(blind)
+        if hidden and sampling and any(s != sampling[0] for s in sampling[1:]):
+            yield view(board.comparison, status=BLIND_SHARED)
             return
         try:
             jobs = begin_turn(self.service, board, list(picked or []), bool(blind), prompt, sampling or [], session)

@@ -21,13 +21,13 @@ import gradio as gr
 import pandas as pd
 
 from chat import ballot
-from chat.compare import LABELS, MAX_COLUMNS, ComparedReply, Comparison
+from chat.compare import HIDDEN_STATS, LABELS, MAX_COLUMNS, ComparedReply, Comparison
 from chat.compare_report import summarize, write_exports
 from chat.errors import ChatError, InputError
 from chat.fanout import Job, write_all
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, Knob, Sampling
-from chat.service import ChatService, ReplyRequest, check_text
+from chat.service import ChatService, ReplyRequest, Waiting, Writing, check_text
 from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
@@ -42,6 +42,7 @@ INTRO = (
     "shuffled and labelled A, B, …; vote on each turn, and the names are revealed after your first vote."
 )
 HIDDEN_DETAILS = "The preset and its exact settings are shown after you vote."
+SHARED_SETTINGS = "**Every column** (blind: one set of settings for all, within each preset's ranges)"
 EXPORTS = (("md", "Markdown"), ("csv", "CSV"), ("json", "JSON"))
 SHOW_LINK = "(query) => query ? window.location.origin + window.location.pathname + query : ''"
 K = len(KNOB_NAMES)
@@ -77,18 +78,23 @@ def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = (
 
 
 def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None) -> list[gr.ChatMessage]:
+    """One reply of a column. Blind, until the vote, every column's lines read the same: no engine
+    status (it names the preset), no tokens, no times (they tell the columns apart)."""
+    blind = comparison.hides_stats
     if not entry.finished:
-        if job is None or job.event is None:
+        if job is None or job.event is None or (blind and isinstance(job.event, Waiting)):
             return [annotation(f"{WAITING} Waiting for the engine…", pending=True)]
-        return event_messages(job.event)
+        messages = event_messages(job.event)
+        if blind and isinstance(job.event, Writing):
+            messages[-1] = annotation(f"{WAITING} Writing…", pending=True)
+        return messages
     messages = [gr.ChatMessage(role="assistant", content=shown_text(entry.text))] if entry.text else []
     if entry.error:
         messages.append(annotation(f"{STOPPED if entry.stopped_early else PROBLEM} {entry.error}"))
-    elif entry.stats is not None and comparison.revealed:
+    elif entry.stats is not None and not blind:
         messages.append(stats_annotation(entry.stats, entry.notice))
     elif entry.stats is not None:
-        notice = f"{PROBLEM} {entry.notice} · " if entry.notice else f"{STATS} "
-        messages.append(annotation(notice + entry.stats.summary(), HIDDEN_DETAILS))
+        messages.append(annotation(f"{STATS} {HIDDEN_STATS}", HIDDEN_DETAILS))
     return messages
 
 
@@ -126,7 +132,12 @@ def begin_turn(service: ChatService, board: Board, picked: Sequence[str], blind:
     text = check_text(prompt, "Your message", new_message=True)
     comparison = board.comparison or Comparison.start([service.preset(name) for name in picked], blind)
     presets = [service.preset(column.preset) for column in comparison.columns]
-    sampling = [sampling_of(preset, picked, settings) for preset in presets]
+    if comparison.hides_stats:  # blind: every column writes with the same settings, or they could be told apart
+        base = service.preset(picked[0]) if picked else presets[0]
+        shared = base.sampling.resolve(settings[0] if settings else {}).as_dict()
+        sampling = [preset.sampling.resolve(shared) for preset in presets]
+    else:
+        sampling = [sampling_of(preset, picked, settings) for preset in presets]
     board.comparison = comparison
     turn = comparison.add_turn(text, sampling)
     now = time.monotonic()  # one moment for all columns: their first-token times compare
@@ -255,8 +266,7 @@ class CompareTab:
         self.new.click(self.start_over, [self.board, self.picked, self.blind], self.outputs, **quick)
         self.picked.input(self.pick, [self.picked, self.blind, self.slot_names, *self.knobs],
                           [self.picked, self.status, *self.setup_outputs], **quick)
-        self.blind.input(lambda picked, blind: self.headings_of(None, picked, blind), [self.picked, self.blind],
-                         self.setup_outputs, **quick)
+        self.blind.input(self.blind_changed, [self.picked, self.blind], self.setup_outputs, **quick)
         self.share.click(self.share_link, [self.picked, self.blind, self.prompt, self.board, *self.knobs],
                          [self.link_query, self.status], **quick)
         self.link_query.change(None, [self.link_query], [self.link], js=SHOW_LINK, **quick)
@@ -295,18 +305,26 @@ class CompareTab:
             out[button] = gr.DownloadButton(value=str(paths[ext]) if ext in paths else None, interactive=ext in paths)
         return out
 
-    def setup(self, names: Sequence[str], values_by_name: dict[str, dict[str, Any]]) -> dict[Any, Any]:
-        """One settings slot per picked preset, with its ranges and the given (or its default) values."""
-        out: dict[Any, Any] = {self.slot_names: list(names)}
-        for slot, box in enumerate(self.slot_boxes):
-            out[box] = gr.Column(visible=slot < len(names))
-            if slot < len(names):
-                preset = self.service.preset(names[slot])
-                values = values_by_name.get(preset.name) or preset.sampling.defaults.as_dict()
-                out[self.slot_headings[slot]] = f"**{preset.name}**"
-                for knob, component in zip(preset.sampling.knobs, self.knobs[slot * K:(slot + 1) * K], strict=True):
-                    out[component] = gr.update(minimum=knob.minimum, maximum=knob.maximum, value=values[knob.name])
+    def setup(self, names: Sequence[str], values_by_name: dict[str, dict[str, Any]], blind: bool = False) -> dict[Any, Any]:
+        """One settings slot per picked preset, with its ranges and the given (or its default) values;
+        blind, only the first, which every column then uses."""
+        out: dict[Any, Any] = {self.slot_names: list(names), **self.slots_shown(names, blind)}
+        for slot in range(min(len(names), MAX_COLUMNS)):
+            preset = self.service.preset(names[slot])
+            values = values_by_name.get(preset.name) or preset.sampling.defaults.as_dict()
+            for knob, component in zip(preset.sampling.knobs, self.knobs[slot * K:(slot + 1) * K], strict=True):
+                out[component] = gr.update(minimum=knob.minimum, maximum=knob.maximum, value=values[knob.name])
         return out
+
+    def slots_shown(self, names: Sequence[str], blind: bool) -> dict[Any, Any]:
+        out: dict[Any, Any] = {box: gr.Column(visible=slot < (min(len(names), 1) if blind else len(names)))
+                               for slot, box in enumerate(self.slot_boxes)}
+        for slot, heading in enumerate(self.slot_headings[:len(names)]):
+            out[heading] = SHARED_SETTINGS if blind and slot == 0 else f"**{names[slot]}**"
+        return out
+
+    def blind_changed(self, picked: list[str], blind: bool) -> dict[Any, Any]:
+        return {**self.headings_of(None, picked, blind), **self.slots_shown(picked[:MAX_COLUMNS], blind)}
 
     def link_of(self, picked: Sequence[str], blind: bool, prompt: str, knob_values: Sequence[Any]) -> str:
         presets = [self.service.preset(name) for name in picked]
@@ -403,7 +421,7 @@ class CompareTab:
         kept = picked[:MAX_COLUMNS]
         old = {name: dict(zip(KNOB_NAMES, knob_values[i * K:(i + 1) * K], strict=True)) for i, name in enumerate(slot_names)}
         status = f"{PROBLEM} Compare at most four presets at once." if len(picked) > MAX_COLUMNS else ""
-        return {**self.setup(kept, {name: old[name] for name in kept if name in old}),
+        return {**self.setup(kept, {name: old[name] for name in kept if name in old}, blind),
                 **self.headings_of(None, kept, blind), self.picked: kept, self.status: status}
 
     def share_link(self, picked: list[str], blind: bool, prompt: str, board: Board, *knob_values: Any) -> dict[Any, Any]:
@@ -430,7 +448,7 @@ class CompareTab:
             return {**out, self.status: problem or gr.skip()}
         values = {name: sampling.as_dict() for name, sampling in zip(found.presets, found.sampling, strict=True)}
         presets = [self.service.preset(name) for name in found.presets]
-        return {**out, **self.setup(found.presets, values), **self.headings_of(None, found.presets, found.blind),
+        return {**out, **self.setup(found.presets, values, found.blind), **self.headings_of(None, found.presets, found.blind),
                 self.picked: list(found.presets), self.blind: found.blind, self.prompt: found.prompt,
                 self.link_query: encode_link(presets, found.sampling, found.prompt, found.blind),
                 self.status: "Opened from a share link: press Send to run it."}

@@ -67,8 +67,8 @@ def set_number(page, selector: str, value: str) -> None:
     raise AssertionError(f"{selector} kept {box.input_value()!r}")
 
 
-def watch_columns(page, within_s: float = 120) -> tuple[dict[int, list[str]], list[str]]:
-    """Poll both columns until each shows its stats line; return the texts seen growing, and the titles."""
+def watch_columns(page, within_s: float = 120, done: str = "first token") -> tuple[dict[int, list[str]], list[str]]:
+    """Poll both columns until each shows its stats line (`done`); return the texts seen growing, and the titles."""
     seen: dict[int, list[str]] = {0: [], 1: []}
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -77,7 +77,7 @@ def watch_columns(page, within_s: float = 120) -> tuple[dict[int, list[str]], li
             if texts and not texts[-1].startswith("⏳") and (not seen[column] or texts[-1] != seen[column][-1]):
                 seen[column].append(texts[-1])
         titles = [page.locator(TITLE.format(column)).all_inner_texts() for column in seen]
-        if all(t and "first token" in t[-1] for t in titles):
+        if all(t and done in t[-1] for t in titles):
             return seen, [t[-1] for t in titles]
         time.sleep(0.05)
     raise AssertionError(f"both columns should finish within {within_s} s; saw {seen}")
@@ -96,23 +96,25 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     page.locator("#compare-blind input").check()
     page.wait_for_function("document.querySelector('#compare-heading-0')?.innerText.trim() === 'A'")
     page.locator("#compare-settings").get_by_text("Settings per preset").click()
-    for slot in (0, 1):
-        set_number(page, f"#compare-knob-{slot}-max_tokens input[type=number]", "40")
+    # Blind: one set of settings for every column (the second preset's would tell the columns apart).
+    page.locator("#compare-settings").get_by_text("Every column").wait_for()
+    assert page.locator("#compare-knob-1-max_tokens").is_hidden()
+    set_number(page, "#compare-knob-0-max_tokens input[type=number]", "40")
 
     page.locator("#compare-prompt textarea").fill("Write a short poem about the sea.")
     page.locator("#compare-prompt textarea").press("Enter")
-    seen, titles = watch_columns(page)
+    seen, titles = watch_columns(page, done="Stats are shown after you vote")
     for column, texts in seen.items():
         assert len(texts) >= 3, f"column {column} should grow in steps, saw {texts}; stats: {titles}"
         assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
-    for title in titles:
-        # at most 40 tokens: the creative preset may end its poem sooner
-        assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s · ([1-3]?\d|40) tokens · [\d.]+ m?s total", title), title
+    # Before the vote nothing beneath the replies tells the columns apart: no tokens, no times.
+    assert titles[0] == titles[1] and not re.search(r"\d", titles[0]), titles
     reply_box = page.locator(TEXT.format(0)).last.bounding_box()
     stats_box = page.locator(TITLE.format(0)).last.bounding_box()
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
     assert (heading(page, 0), heading(page, 1)) == ("A", "B"), "names stay hidden until the vote"
-    assert "SmolLM2" not in page.locator("#compare-summary").inner_text()
+    summary = page.locator("#compare-summary").inner_text()
+    assert "SmolLM2" not in summary and not re.search(r"\d+\.\d", summary), summary
 
     votes = page.locator("[id^=compare-vote-]:visible")
     assert votes.all_inner_texts() == ["A is better", "B is better", "Tie", "Both bad"]
@@ -123,6 +125,10 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     names = {heading(page, 0).removeprefix("A · "), heading(page, 1).removeprefix("B · ")}
     assert names == {CREATIVE, DETERMINISTIC}
     page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('SmolLM2')")
+    _, titles = watch_columns(page)  # the vote shows each reply's stats
+    for title in titles:
+        # at most 40 tokens: the creative preset may end its poem sooner
+        assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s · ([1-3]?\d|40) tokens · [\d.]+ m?s total", title), title
     rows = [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
             for row in page.locator("#compare-summary div[role=row]").all()]
     assert [(row[0], row[2], row[-1]) for row in rows] == [("A", "1", "1"), ("B", "1", "0")], rows

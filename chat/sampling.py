@@ -148,6 +148,32 @@ class SamplingRules:
         }
         return _sampling(chosen)
 
+    def carried_over(self, previous: SamplingRules, values: Mapping[str, object],
+                     name: str) -> tuple[dict[str, float | int], list[str]]:
+        """Slider values after switching to these rules (preset `name`) from `previous`: a value the
+        person changed (it differs from the previous default) stays where it fits, or moves to the
+        nearest limit with a sentence saying so; one left alone takes this preset's default."""
+        kept: dict[str, float | int] = {}
+        notes = []
+        for knob in self.knobs:
+            value = values.get(knob.name)
+            before = next((k for k in previous.knobs if k.name == knob.name), None)
+            changed = (before is not None and isinstance(value, int | float) and not isinstance(value, bool)
+                       and math.isfinite(value) and value != before.default)
+            if not changed:
+                kept[knob.name] = knob.kind(knob.default)
+                continue
+            assert isinstance(value, int | float)
+            fitted = min(max(value, knob.minimum), knob.maximum)
+            if knob.integer:
+                fitted = round(fitted)
+            kept[knob.name] = knob.kind(fitted)
+            if fitted != value:
+                limit = "most" if value > knob.maximum else "least"
+                notes.append(f"{knob.label} {knob.format(value)} is outside what {name} allows, so it is now "
+                             f"{knob.format(fitted)}, the {limit} it allows.")
+        return kept, notes
+
     def narrowed(self, overrides: Mapping[str, tuple[float | None, float | None, float | None]]) -> SamplingRules:
         """Apply a preset's (default, min, max) per knob; None keeps the table's value.
 

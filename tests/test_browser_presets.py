@@ -45,6 +45,11 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     while time.monotonic() < deadline and not "".join(reader.locator(REPLY_TEXT).all_inner_texts()).strip():
         time.sleep(0.1)  # the reply's bubble shows before its first word: wait for words
 
+    # A setting the person changed stays through the switch; the others follow the new preset.
+    temperature = switcher.locator("#knob-temperature input[type=number]")
+    temperature.fill("0.6")
+    temperature.press("Tab")
+    switcher.wait_for_function("document.querySelector('#knob-temperature input[type=number]').value === '0.6'")
     # Pick the other preset: its card, system prompt and sliders follow, and its engine loads.
     switcher.locator("#preset input").click()
     switcher.get_by_role("option", name="Terse").click()
@@ -53,6 +58,7 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     )
     assert switcher.locator("#system-prompt textarea").input_value() == "Answer in one short sentence."
     assert switcher.locator("#knob-max_tokens input[type=number]").input_value() == "24"
+    assert temperature.input_value() == "0.6", "the temperature the person chose was kept"
     switcher.get_by_text("What is 2 + 2?").wait_for()  # the empty chat offers the new preset's examples
     assert not switcher.get_by_text("Tell me a story about a lighthouse.").is_visible()
     switcher.get_by_text("What is 2 + 2?").click()  # and clicking one asks it

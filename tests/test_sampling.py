@@ -53,3 +53,18 @@ def test_a_preset_narrows_ranges_and_values_are_checked_against_them():
 def test_a_preset_cannot_widen_a_range_beyond_what_the_engine_accepts():
     with pytest.raises(SettingsError, match="Temperature must be a number from 0 to 2; it was 3"):
         SamplingRules().narrowed({"temperature": (None, None, 3)})
+
+
+def test_settings_a_person_changed_survive_a_preset_switch_where_they_fit():
+    from chat.sampling import SamplingRules
+
+    creative = SamplingRules().narrowed({"temperature": (0.7, None, None), "max_tokens": (256, None, 1024)})
+    terse = SamplingRules().narrowed({"temperature": (0.0, 0.0, 1.0), "max_tokens": (24, None, 512)})
+    values = {"temperature": 1.2, "top_p": 0.5, "max_tokens": 256, "seed": -1}  # changed: temperature, top_p
+    kept, notes = terse.carried_over(creative, values, "Terse")
+    assert kept["top_p"] == 0.5  # changed, and it fits
+    assert kept["max_tokens"] == 24  # left alone: the new preset's default
+    assert kept["temperature"] == 1.0  # changed, too high here: the most it allows, and a sentence says so
+    assert notes == ["Temperature 1.2 is outside what Terse allows, so it is now 1, the most it allows."]
+    assert creative.carried_over(terse, {"temperature": 0.4}, "Creative") == (
+        {**{k.name: k.kind(k.default) for k in creative.knobs}, "temperature": 0.4}, [])

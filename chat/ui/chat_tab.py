@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from chat.errors import ChatError
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest, Writing
@@ -143,11 +144,22 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     # examples replace each other only then.
     switch_examples = bool(default.examples)
 
-    async def on_preset_change(name: str) -> list[Any]:
+    async def on_preset_change(name: str, previous_name: str, system_prompt: str, *knob_values: Any) -> list[Any]:
+        """The new preset's card and ranges; what the person changed in the settings stays (where
+        it fits the new ranges: a sentence says what had to move), the rest take its defaults."""
         preset = service.preset(name)
-        updates: list[Any] = [title_of(preset), preset_card(preset), preset.system_prompt]
+        try:
+            previous = service.preset(previous_name)
+        except ChatError:
+            previous = preset
+        values = dict(zip([knob.name for knob in previous.sampling.knobs], knob_values, strict=False))
+        kept, notes = preset.sampling.carried_over(previous.sampling, values, preset.name)
+        for note in notes:
+            gr.Info(note)
+        prompt = system_prompt if system_prompt != previous.system_prompt else preset.system_prompt
+        updates: list[Any] = [title_of(preset), preset_card(preset), prompt, preset.name]
         for knob in preset.sampling.knobs:
-            updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=knob.default))
+            updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=kept[knob.name]))
         if switch_examples:
             updates.append(gr.update(examples=[{"text": example} for example in preset.examples] or None))
         return updates
@@ -215,10 +227,12 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     save_button.click(
         lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
     )
+    previous = gr.State(default.name)  # the preset before a switch: which settings the person changed
     settings.preset.change(
         on_preset_change,
-        [settings.preset],
-        [title, settings.card, settings.system_prompt, *settings.knobs, *([chatbot] if switch_examples else [])],
+        [settings.preset, previous, settings.system_prompt, *settings.knobs],
+        [title, settings.card, settings.system_prompt, previous, *settings.knobs,
+         *([chatbot] if switch_examples else [])],
         **internal,
     ).then(warm_up, [settings.preset], [status], **internal)
 

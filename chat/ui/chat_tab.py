@@ -154,10 +154,9 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
             previous = preset
         values = dict(zip([knob.name for knob in previous.sampling.knobs], knob_values, strict=False))
         kept, notes = preset.sampling.carried_over(previous.sampling, values, preset.name)
-        for note in notes:
-            gr.Info(note)
+        card = preset_card(preset) + "".join(f"\n\n⚠️ {html.escape(note)}" for note in notes)
         prompt = system_prompt if system_prompt != previous.system_prompt else preset.system_prompt
-        updates: list[Any] = [title_of(preset), preset_card(preset), prompt, preset.name]
+        updates: list[Any] = [title_of(preset), card, prompt, preset.name]
         for knob in preset.sampling.knobs:
             updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=kept[knob.name]))
         if switch_examples:

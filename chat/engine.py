@@ -1,10 +1,12 @@
-"""One vLLM `AsyncLLM`, shared by every user of one model configuration: the app's only door to vLLM.
+"""One vLLM `AsyncLLM`, shared by every user of one model configuration: with chat/engine_core.py
+(engine cores that several processes share), the app's door to vLLM.
 
 An `Engine` goes STARTING -> READY, or -> FAILED (with a message for people), and -> CLOSED when
 unloaded (chat/registry.py decides when). It owns what it knows about its requests (streams in
 flight, last use, whether it is too busy to take more) and translates vLLM at its boundary:
 prompts go in as chat messages and come back as a typed `Prompt`; outputs come out as typed
-`Chunk`s; vLLM's errors leave as `chat.errors`. Nothing else in the app imports vLLM to serve a reply.
+`Chunk`s; vLLM's errors leave as `chat.errors`. Nothing else in the app imports vLLM to serve a reply
+(chat/presets.py reads vLLM's engine arguments to check a preset's).
 
 The engine is built in a worker thread (construction blocks while the model loads) and its
 coroutines are only ever awaited from the server's event loop, which it binds to on first use.

@@ -397,16 +397,17 @@ class Engine:
 
     async def close(self) -> None:
         """Free the engine's memory without blocking the event loop: this process's client first,
-        then the core it started, if it started one. vLLM cancels the client's output handler from
-        the thread that shuts it down; it must have ended before the core stops, or it reports the
-        core's end as a failure."""
+        then the core it started, if it started one. The client's output handler is cancelled here
+        first: vLLM's shutdown closes the client's sockets before it cancels the handler, which then
+        reads the closing as the engine's death and logs a traceback (seen with shared cores)."""
         llm, self.llm = self.llm, None
         core, self.core = self.core, None
         self.state = EngineState.CLOSED
         if llm is not None:
-            await asyncio.to_thread(llm.shutdown)
             handler = getattr(llm, "output_handler", None)
-            if isinstance(handler, asyncio.Task):
+            if isinstance(handler, asyncio.Task) and not handler.done():
+                handler.cancel()
                 await asyncio.wait({handler}, timeout=5)
+            await asyncio.to_thread(llm.shutdown)
         if core is not None:
             await asyncio.to_thread(core.shutdown)

@@ -245,7 +245,8 @@ class LinkedRegistry(EngineRegistry):
         moment after its last use, so an engine used just now is asked again once that has passed."""
         engine = self._engines.get(str(message.get("key", "")))
         if engine is not None and not engine.streams:
-            await asyncio.sleep(max(RECENTLY_USED_S - (time.monotonic() - engine.last_used), 0.0))
+            # (a little longer: the event loop may wake a timer up to its clock's resolution early)
+            await asyncio.sleep(max(RECENTLY_USED_S - (time.monotonic() - engine.last_used), 0.0) + 0.05)
         idle = engine is None or (engine.state is not EngineState.STARTING and not engine.streams
                                   and time.monotonic() - engine.last_used >= RECENTLY_USED_S)
         if idle and engine is not None and engine.held is None:

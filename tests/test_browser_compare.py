@@ -150,22 +150,31 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     page.locator("#compare-share").click()
     page.wait_for_function("document.querySelector('#compare-link textarea')?.value.includes('blind=1')")
     link = page.locator("#compare-link textarea").input_value()
-    assert link.startswith("http") and "s1=max_tokens:40&s2=max_tokens:40" in link and "q=Write%20a%20short%20poem" in link, link
+    # Blind: the one set of settings every column used travels as the first preset's.
+    assert link.startswith("http") and "s1=max_tokens:40&blind=1" in link and "q=Write%20a%20short%20poem" in link, link
 
 
 def test_a_share_link_opens_the_compare_tab_with_its_presets_settings_and_prompt(open_page):
-    query = (f"?p={quote(DETERMINISTIC)}&p={quote(CREATIVE)}&s2=temperature:0.3,max_tokens:32&blind=1"
+    query = (f"?p={quote(DETERMINISTIC)}&p={quote(CREATIVE)}&s2=temperature:0.3,max_tokens:32"
              f"&q={quote('Name three rivers.')}")
     page = open_page(query)
     page.wait_for_function("document.querySelector('#compare-prompt textarea')?.value === 'Name three rivers.'")
     assert page.get_by_role("tab", name="Compare").get_attribute("aria-selected") == "true"
-    assert page.locator("#compare-blind input").is_checked()
+    assert not page.locator("#compare-blind input").is_checked()
     assert page.locator("#compare-presets").get_by_label(CREATIVE).is_checked()
     page.locator("#compare-settings").get_by_text("Settings per preset").click()
     assert page.locator("#compare-knob-1-temperature input[type=number]").input_value() == "0.3"
     assert page.locator("#compare-knob-1-max_tokens input[type=number]").input_value() == "32"
     assert page.locator("#compare-knob-0-seed input").input_value() == "1234"  # the deterministic preset's own
     assert "Opened from a share link" in page.locator("#compare-status").inner_text()
+
+    blind = open_page(f"?p={quote(DETERMINISTIC)}&p={quote(CREATIVE)}&s1=max_tokens:32&blind=1&q={quote('Hi.')}")
+    blind.wait_for_function("document.querySelector('#compare-prompt textarea')?.value === 'Hi.'")
+    assert blind.locator("#compare-blind input").is_checked()
+    blind.locator("#compare-settings").get_by_text("Settings per preset").click()
+    blind.locator("#compare-settings").get_by_text("Every column").wait_for()  # one set for all: the first's
+    assert blind.locator("#compare-knob-0-max_tokens input[type=number]").input_value() == "32"
+    assert blind.locator("#compare-knob-1-max_tokens").is_hidden()
 
     bad = open_page(f"?p=Nope&p={quote(CREATIVE)}")
     bad.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('could not be opened')")

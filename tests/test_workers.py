@@ -163,8 +163,9 @@ def test_compare_across_engines_and_a_vote_reach_the_leaderboard_of_the_other_wo
     client = pinned(workers_app, 0)
     settings = {"temperature": 0.0, "max_tokens": 6}
     result = client.predict([A, B], True, "Say yes.", [settings, settings], api_name="/compare")
-    assert len(result["columns"]) == 2
-    assert all("first token" in column["messages"][-1]["metadata"]["title"] for column in result["columns"])
+    assert len(result["columns"]) == 2  # blind: every column finished, its stats shown after the vote
+    assert all("Stats are shown after you vote" in column["messages"][-1]["metadata"]["title"]
+               for column in result["columns"])
     assert client.predict("A", None, api_name="/vote")["ok"]
     board = pinned(workers_app, 1).predict(False, api_name="/leaderboard")
     assert board["votes_stored"] == 1 and {row["preset"] for row in board["standings"]} == {A, B}

@@ -1,7 +1,7 @@
 """Casting a Compare vote: on the comparison, then in the vote store, or not at all.
 
     choice = choice_of(comparison, "A", turn=1)      # an API caller's values, checked (InputError)
-    vote = await cast(comparison, choice, session, store)
+    vote = await cast(comparison, choice, session, store, voter)
     said(comparison, vote)                           # "You voted “A is better” on turn 1. A was …"
 
 A vote the store cannot keep (busy, refused) is taken back from the comparison, so the person can
@@ -15,6 +15,7 @@ import math
 
 from chat.compare import Comparison, Vote
 from chat.errors import ChatError, InputError
+from chat.voters import NEEDS_COOKIE, Voter
 from chat.votes import VoteStore
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,17 @@ def choice_of(comparison: Comparison | None, choice: object, turn: object = None
     return value
 
 
-async def cast(comparison: Comparison, choice: str, session: str, store: VoteStore | None) -> Vote:
-    """Vote on the latest turn and keep it in `store` (None: in the page only)."""
+async def cast(comparison: Comparison, choice: str, session: str, store: VoteStore | None,
+               voter: Voter | None = None) -> Vote:
+    """Vote on the latest turn and keep it in `store` (None: in the page only); a kept vote needs a
+    voter (the signed cookie, chat/voters.py)."""
+    if store is not None and voter is None:
+        raise InputError(NEEDS_COOKIE)
     vote = comparison.vote(choice)
     if store is None:
         return vote
     try:
-        await store.record_async(comparison, len(comparison.turns) - 1, session)
+        await store.record_async(comparison, len(comparison.turns) - 1, session, voter)
     except ChatError:
         comparison.turns[-1].vote = None
         raise

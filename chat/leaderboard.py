@@ -143,6 +143,7 @@ class Leaderboard:
     rounds: int
     seed: int
     made_at: str
+    voters: int = 0  # distinct voters behind the counted votes (each vote's signed voter, else its session)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": "vllm-chat-demo leaderboard", "version": 1, **asdict(self),
@@ -210,7 +211,8 @@ def rank(votes: Sequence[VoteRecord], *, rounds: int = ROUNDS, seed: int = 0,
             tokens_per_s_median=_median([s.get("tokens_per_s") for s in stats]),
         ))
     standings.sort(key=lambda s: (-s.rating, s.preset))
-    return Leaderboard(tuple(standings), len(counted), len(votes) - len(counted), rounds, seed, made_at)
+    voters = len({vote.voter or vote.session for vote in counted})
+    return Leaderboard(tuple(standings), len(counted), len(votes) - len(counted), rounds, seed, made_at, voters)
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -114,6 +114,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     from chat.ui import CSS, HEAD, build_ui
     from chat.ui.gradio_internals import UntestedGradio
     from chat.ui.style import THEME
+    from chat.voters import VoterCookie
     from chat.votes import VoteStore
     from chat.web import routes
 
@@ -167,7 +168,7 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         await registry.close_all()
         store.close()
 
-    middleware = [Middleware(GZipMiddleware, minimum_size=1024)]
+    middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=store.keys)]
     if login is not None:
         middleware.append(Middleware(LoginLimit))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it

@@ -8,8 +8,11 @@
 
 A record holds what a reader of the leaderboard may ask about: each column's preset, model, engine
 arguments, system prompt and exact sampling values, the prompt, each column's reply and its stats,
-the choice, whether it was cast blind, and the time. The voter is named only by a digest of the
-browser session id.
+the choice, whether it was cast blind, and the time. The voter is named only by digests: of the
+browser session id, of the voter cookie the server signed and of the address (chat/voters.py). Each
+voter may cast VOTES_PER_VOTER votes an hour and each address VOTES_PER_ADDRESS (not counted for this
+machine's own loopback address); the store counts them in the transaction that adds a vote, so the
+limits hold across every process that shares the file.
 
 Many app processes may share the file: SQLite's WAL mode lets readers run beside the one writer,
 writers wait for each other (busy timeout) instead of failing, and "one vote per turn" is a UNIQUE
@@ -30,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +41,13 @@ from chat.compare import ALL_BAD, LABELS, MAX_COLUMNS, MIN_COLUMNS, TIE, Compari
 from chat.embedded import cache_root
 from chat.errors import ChatError, InputError
 from chat.sampling import KNOB_NAMES
+from chat.voters import Voter, VoterKeys
 
 FILE_NAME = "votes.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: voter and address digests
+VOTES_PER_VOTER = 20  # an hour
+VOTES_PER_ADDRESS = 60  # an hour
+LIMIT_WINDOW_S = 3600
 BUSY_TIMEOUT_S = 15.0  # how long a write waits for another process's write before giving up
 MAX_SESSION_CHARS = 200
 
@@ -55,9 +62,15 @@ CREATE TABLE IF NOT EXISTS votes (
     choice TEXT NOT NULL,
     blind INTEGER NOT NULL,
     columns TEXT NOT NULL,
+    voter TEXT NOT NULL DEFAULT '',
+    address TEXT NOT NULL DEFAULT '',
     UNIQUE (comparison, turn)
 )
 """
+TOO_MANY_FROM_VOTER = (f"You have cast {VOTES_PER_VOTER} votes in the last hour, the most one visitor may; "
+                       "thank you, and come back later to vote again.")
+TOO_MANY_FROM_ADDRESS = (f"{VOTES_PER_ADDRESS} votes came from your network in the last hour, the most one address "
+                         "may; please come back later to vote again.")
 
 
 def default_path() -> Path:
@@ -93,6 +106,8 @@ class VoteRecord:
     choice: str  # a column's label, TIE or ALL_BAD
     blind: bool  # the preset names were hidden when it was cast
     columns: tuple[ColumnVote, ...]
+    voter: str = ""  # a digest of the signed voter cookie (chat/voters.py); "" in votes from before it
+    address: str = ""  # a digest of the voter's address; "" for this machine's loopback address
     id: int | None = None
 
     @property
@@ -127,7 +142,8 @@ def comparison_id(comparison: Comparison, session: str) -> str:
     return hashlib.sha256(json.dumps(material, default=str).encode()).hexdigest()[:32]
 
 
-def vote_record(comparison: Comparison | None, turn_index: int, session: str, now: datetime | None = None) -> VoteRecord:
+def vote_record(comparison: Comparison | None, turn_index: int, session: str, now: datetime | None = None,
+                voter: Voter | None = None) -> VoteRecord:
     """The record of the vote already cast (Comparison.vote) on that turn; InputError says what is wrong."""
     if not isinstance(comparison, Comparison) or not comparison.turns:
         raise InputError("There is no comparison to vote on; send a prompt to the presets first.")
@@ -162,6 +178,7 @@ def vote_record(comparison: Comparison | None, turn_index: int, session: str, no
     return VoteRecord(
         comparison=comparison_id(comparison, session), turn=turn_index + 1, session=session_digest(session),
         cast_at=cast_at, prompt=turn.prompt, choice=turn.vote.choice, blind=turn.vote.blind, columns=tuple(voted),
+        voter=voter.id if voter else "", address=voter.address if voter else "",
     )
 
 
@@ -181,6 +198,11 @@ class VoteStore:
         except (OSError, sqlite3.Error) as exc:
             raise ChatError(f"Cannot open the votes file {self.path} ({exc}); set --votes-db to a writable file.") from exc
         self._db.row_factory = sqlite3.Row
+        try:
+            self.keys = VoterKeys.beside(self.path)  # signs voter cookies; beside the votes, for every process
+        except OSError as exc:
+            self._db.close()
+            raise ChatError(f"Cannot keep the voters' key beside {self.path} ({exc}); set --votes-db to a writable file.") from exc
         try:
             self._prepare(busy_timeout_s)
         except sqlite3.DatabaseError as exc:
@@ -212,6 +234,10 @@ class VoteStore:
                     if version > SCHEMA_VERSION:
                         raise ChatError(f"{self.path} was written by a newer version of this app; "
                                         "upgrade the app or set --votes-db to another file.")
+                    known = {row[1] for row in self._db.execute("PRAGMA table_info(votes)")}
+                    for column in ("voter", "address"):  # a file from version 1
+                        if column not in known:
+                            self._db.execute(f"ALTER TABLE votes ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
                     self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 return
             except sqlite3.OperationalError as exc:
@@ -237,13 +263,14 @@ class VoteStore:
         """Store a record; a second vote on the same comparison turn is refused with InputError."""
         columns = json.dumps([asdict(column) for column in record.columns], ensure_ascii=False, default=str)
         row = (record.comparison, record.turn, record.session, record.cast_at, record.prompt, record.choice,
-               int(record.blind), columns)
+               int(record.blind), columns, record.voter, record.address)
         with self._lock:
             try:
                 with self._transaction():
+                    self._check_limits(record)
                     cursor = self._db.execute(
-                        "INSERT INTO votes (comparison, turn, session, cast_at, prompt, choice, blind, columns) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+                        "INSERT INTO votes (comparison, turn, session, cast_at, prompt, choice, blind, columns, voter, "
+                        "address) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             except sqlite3.IntegrityError:
                 raise InputError(
                     f"Turn {record.turn} already has a vote; send another prompt to vote again."
@@ -254,9 +281,18 @@ class VoteStore:
                 raise ChatError("The votes file was busy, so this vote was not saved; please try again in a moment.") from exc
         return replace(record, id=cursor.lastrowid)
 
-    def record(self, comparison: Comparison | None, turn_index: int, session: str) -> VoteRecord:
+    def _check_limits(self, record: VoteRecord) -> None:
+        since = (datetime.fromisoformat(record.cast_at) - timedelta(seconds=LIMIT_WINDOW_S)).isoformat(timespec="milliseconds")
+        for column, value, limit, sentence in (("voter", record.voter, VOTES_PER_VOTER, TOO_MANY_FROM_VOTER),
+                                                ("address", record.address, VOTES_PER_ADDRESS, TOO_MANY_FROM_ADDRESS)):
+            if value and self._db.execute(f"SELECT COUNT(*) FROM votes WHERE {column} = ? AND cast_at > ?",
+                                          (value, since)).fetchone()[0] >= limit:
+                raise InputError(sentence)
+
+    def record(self, comparison: Comparison | None, turn_index: int, session: str,
+               voter: Voter | None = None) -> VoteRecord:
         """Store the vote cast on comparison.turns[turn_index] by that session; returns what was stored."""
-        return self.add(vote_record(comparison, turn_index, session))
+        return self.add(vote_record(comparison, turn_index, session, voter=voter))
 
     def reset(self) -> int:
         """Delete every vote (the UI offers it to administrators only); returns how many there were."""
@@ -277,10 +313,11 @@ class VoteStore:
 
     # --- off the event loop --------------------------------------------------------------------
 
-    async def record_async(self, comparison: Comparison | None, turn_index: int, session: str) -> VoteRecord:
+    async def record_async(self, comparison: Comparison | None, turn_index: int, session: str,
+                           voter: Voter | None = None) -> VoteRecord:
         # The record is made here, on the event loop, so no other handler changes the comparison
         # while it is read; only the write goes to a thread.
-        return await asyncio.to_thread(self.add, vote_record(comparison, turn_index, session))
+        return await asyncio.to_thread(self.add, vote_record(comparison, turn_index, session, voter=voter))
 
     async def votes_async(self) -> list[VoteRecord]:
         return await asyncio.to_thread(self.votes)
@@ -307,7 +344,8 @@ def _record_of(row: sqlite3.Row) -> VoteRecord:
     columns = tuple(ColumnVote(**column) for column in json.loads(row["columns"]))
     return VoteRecord(
         comparison=row["comparison"], turn=row["turn"], session=row["session"], cast_at=row["cast_at"],
-        prompt=row["prompt"], choice=row["choice"], blind=bool(row["blind"]), columns=columns, id=row["id"],
+        prompt=row["prompt"], choice=row["choice"], blind=bool(row["blind"]), columns=columns, voter=row["voter"],
+        address=row["address"], id=row["id"],
     )
 
 
@@ -329,7 +367,7 @@ STATS_FIELDS = (
     "queue_s", "prefill_s", "decode_s", "engine_wait_s", "finish", "context_limit",
 )
 CSV_FIELDS = (
-    "vote", "cast_at", "session", "comparison", "turn", "blind", "prompt", "choice", "column", "preset", "outcome",
+    "vote", "cast_at", "session", "voter", "comparison", "turn", "blind", "prompt", "choice", "column", "preset", "outcome",
     "model", "engine", "system_prompt", *KNOB_NAMES, *STATS_FIELDS, "attempts", "error", "text",
 )
 
@@ -351,7 +389,7 @@ def votes_csv(records: Sequence[VoteRecord]) -> str:
     for record in records:
         for column in record.columns:
             row: dict[str, object] = {
-                "vote": record.id, "cast_at": record.cast_at, "session": record.session,
+                "vote": record.id, "cast_at": record.cast_at, "session": record.session, "voter": record.voter,
                 "comparison": record.comparison, "turn": record.turn, "blind": record.blind, "prompt": record.prompt,
                 "choice": record.choice, "column": column.label, "preset": column.preset,
                 "outcome": outcome(record, column), "model": column.model,

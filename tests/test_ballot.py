@@ -8,6 +8,7 @@ import pytest
 from chat import ballot
 from chat.compare import LABELS, Column, Comparison
 from chat.errors import ChatError, InputError
+from chat.voters import Voter
 from chat.votes import VoteStore
 from tests.test_votes import answer
 
@@ -48,14 +49,26 @@ def test_a_malformed_vote_is_refused_with_a_sentence(comparison, choice, turn, m
     assert refused.value.message == message
 
 
+VOTER = Voter("a-voter-digest", "an-address-digest")
+
+
+async def test_a_kept_vote_needs_a_voter_and_nothing_is_cast_without_one(tmp_path):
+    store = VoteStore(tmp_path / "votes.sqlite3")
+    comparison = compared()
+    with pytest.raises(InputError, match="Votes need this site's cookie"):
+        await ballot.cast(comparison, "B", "session-1", store, None)
+    assert comparison.turns[-1].vote is None and store.count() == 0
+    assert (await ballot.cast(comparison, "B", "session-1", None)).choice == "B"  # in the page only: no voter needed
+
+
 async def test_a_vote_is_kept_and_a_second_vote_on_the_turn_refused(tmp_path):
     store = VoteStore(tmp_path / "votes.sqlite3")
     comparison = compared()
-    vote = await ballot.cast(comparison, "B", "session-1", store)
+    vote = await ballot.cast(comparison, "B", "session-1", store, VOTER)
     assert vote.blind and store.count() == 1 and store.votes()[0].winner == "steady"
     assert ballot.said(comparison, vote) == "You voted “B is better” on turn 1. A was fast; B was steady."
     with pytest.raises(InputError, match="You have voted on turn 1; send another prompt to vote again."):
-        await ballot.cast(comparison, "A", "session-1", store)
+        await ballot.cast(comparison, "A", "session-1", store, VOTER)
     assert store.count() == 1
 
 
@@ -70,11 +83,11 @@ async def test_a_vote_the_store_cannot_keep_is_taken_back(tmp_path):
 
     comparison = compared()
     with pytest.raises(ChatError, match="was busy"):
-        await ballot.cast(comparison, "A", "session-1", Busy(tmp_path / "busy.sqlite3"))
+        await ballot.cast(comparison, "A", "session-1", Busy(tmp_path / "busy.sqlite3"), VOTER)
     assert comparison.turns[-1].vote is None and not comparison.revealed  # the names stay hidden
     with pytest.raises(ChatError) as failed:
-        await ballot.cast(comparison, "A", "session-1", Broken(tmp_path / "broken.sqlite3"))
+        await ballot.cast(comparison, "A", "session-1", Broken(tmp_path / "broken.sqlite3"), VOTER)
     assert failed.value.message == ballot.NOT_SAVED and comparison.turns[-1].vote is None
     store = VoteStore(tmp_path / "votes.sqlite3")
-    await ballot.cast(comparison, "A", "session-1", store)  # and then it can be cast again
+    await ballot.cast(comparison, "A", "session-1", store, VOTER)  # and then it can be cast again
     assert store.count() == 1

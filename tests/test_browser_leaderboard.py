@@ -49,7 +49,7 @@ def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(pa
     assert int(rows[0][2]) >= int(rows[1][2]), "best first"
     assert all(row[5].count("·") == 2 and row[6].endswith("%") for row in rows), rows
     summary = page.locator("#leaderboard-summary").inner_text()  # other tests may have voted on this app too
-    assert re.search(r"\d+ blind votes? ranked, over 2 presets", summary), summary
+    assert re.search(r"\d+ blind votes? from \d+ voters?, ranked over 2 presets", summary), summary
     assert "read this ranking as a first hint" in summary, summary
     labels = page.locator("#leaderboard-chart svg text.label").all_text_contents()
     assert set(labels) == {CREATIVE, DETERMINISTIC}

@@ -22,6 +22,7 @@ from chat.fanout import Job, write_all
 from chat.service import ChatService
 from chat.ui.compare_tab import Board, begin_turn, column_messages, stop_key
 from chat.ui.messages import PROBLEM
+from chat.voters import Voter
 from chat.votes import VoteStore
 
 MAX_SESSIONS = 1000
@@ -107,7 +108,8 @@ class CompareApi:
         try:
             value = ballot.choice_of(comparison, choice, turn)
             assert comparison is not None
-            cast = await ballot.cast(comparison, value, request.session_hash or "", self.store)
+            voter = Voter.of(self.store.keys, request) if self.store is not None else None
+            cast = await ballot.cast(comparison, value, request.session_hash or "", self.store, voter)
         except ChatError as exc:
             return {"ok": False, "error": exc.message}
         return {"ok": True, "choice": cast.choice, "turn": len(comparison.turns), "blind": cast.blind,

@@ -32,6 +32,7 @@ from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
+from chat.voters import Voter
 from chat.votes import VoteStore
 
 log = logging.getLogger(__name__)
@@ -399,7 +400,8 @@ class CompareTab:
             try:
                 if comparison is None or index >= len(options):
                     raise InputError("Send a prompt first, then vote on the replies.")
-                cast = await ballot.cast(comparison, options[index][1], request.session_hash or "", self.store)
+                voter = Voter.of(self.store.keys, request) if self.store is not None else None
+                cast = await ballot.cast(comparison, options[index][1], request.session_hash or "", self.store, voter)
             except ChatError as exc:
                 return {self.status: f"{PROBLEM} {exc.message}"}
             return {self.status: ballot.said(comparison, cast), **self.headings_of(comparison, [], False),

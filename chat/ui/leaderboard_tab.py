@@ -105,7 +105,8 @@ def summary(view: View, include_revealed: bool) -> str:
             if view.votes else ""
         return EMPTY + left
     kind = ("vote" if include_revealed else "blind vote") + ("s" if board.votes_counted != 1 else "")
-    text = f"**{board.votes_counted:,} {kind}** ranked, over {len(board.standings)} presets."
+    voters = f"{board.voters:,} voter{'s' if board.voters != 1 else ''}"
+    text = f"**{board.votes_counted:,} {kind}** from {voters}, ranked over {len(board.standings)} presets."
     if board.votes_left_out:
         text += (f" {board.votes_left_out:,} vote{'s' if board.votes_left_out != 1 else ''} cast after the names "
                  "were shown are left out; tick the box to count them too.")

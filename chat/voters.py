@@ -1,0 +1,122 @@
+"""Who votes: one visitor, one voice.
+
+A voter is named by a cookie the server issues and signs (`chat_voter`), not by anything a client
+chooses: a client that makes up a new Gradio session for every vote is still the same voter while
+it keeps the cookie, and one that drops the cookie every time is still one address. The store
+(chat/votes.py) allows each voter and each address a few votes an hour.
+
+    keys = VoterKeys.beside(votes_db)            # the signing key, kept beside the votes file
+    value = keys.issue()                         # "v1.<id>.<signature>", set as the cookie
+    keys.voter(value)                            # the id, or None for a value the server did not sign
+    Voter.of(keys, request)                      # who cast a vote: the cookie's id and the address
+
+The key lives in a file beside the votes (mode 0600), so the same voter stays the same across
+restarts and across UI workers. Stored votes name voters and addresses only by digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COOKIE = "chat_voter"
+COOKIE_MAX_AGE_S = 365 * 24 * 3600
+NEEDS_COOKIE = "Votes need this site's cookie, which your browser or program did not send; allow cookies and reload the page."
+
+
+class VoterKeys:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def beside(cls, votes_db: Path) -> VoterKeys:
+        """The key in `<votes file>.key`, made on first use (several processes may race: one wins)."""
+        path = Path(str(votes_db) + ".key")
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                    file.write(secrets.token_bytes(32))
+            except FileExistsError:
+                pass
+        return cls(path.read_bytes())
+
+    def _sign(self, voter: str) -> str:
+        return hmac.new(self._key, f"voter {voter}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def issue(self) -> str:
+        voter = secrets.token_hex(12)
+        return f"v1.{voter}.{self._sign(voter)}"
+
+    def voter(self, value: str | None) -> str | None:
+        if not value or not isinstance(value, str) or value.count(".") != 2:
+            return None
+        version, voter, signature = value.split(".")
+        if version != "v1" or not hmac.compare_digest(signature, self._sign(voter)):
+            return None
+        return voter
+
+    def digest(self, kind: str, value: str) -> str:
+        """What is stored for a voter or an address: keyed, so it cannot be worked back."""
+        return hmac.new(self._key, f"{kind} {value}".encode(), hashlib.sha256).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Voter:
+    """Who cast a vote, as stored: digests of the signed voter id and of the address ("" for this
+    machine's own loopback address, which every visitor shares behind a proxy that names none)."""
+
+    id: str
+    address: str
+
+    @classmethod
+    def of(cls, keys: VoterKeys, request: Any) -> Voter | None:
+        """The voter of a web request (Gradio's or Starlette's); None without a valid cookie."""
+        cookies = getattr(request, "cookies", None) or {}
+        voter = keys.voter(cookies.get(COOKIE))
+        if voter is None:
+            return None
+        host = str(getattr(getattr(request, "client", None), "host", "") or "")
+        return cls(keys.digest("voter", voter), "" if _loopback(host) else keys.digest("address", host))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return not host
+
+
+class VoterCookie:
+    """ASGI middleware: gives every browser and program without a valid voter cookie a new one."""
+
+    def __init__(self, app: Any, keys: VoterKeys) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self._has_one(scope):
+            await self.app(scope, receive, send)
+            return
+        cookie = (f"{COOKIE}={self.keys.issue()}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Lax").encode()
+
+        async def with_cookie(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
+            await send(message)
+
+        await self.app(scope, receive, with_cookie)
+
+    def _has_one(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"cookie":
+                for part in value.decode("latin-1").split(";"):
+                    key, _, cookie = part.strip().partition("=")
+                    if key == COOKIE and self.keys.voter(cookie) is not None:
+                        return True
+        return False

@@ -31,6 +31,8 @@ from chat.client import ReplyStream
 from chat.embedded import model_dir
 from chat.front_door import COOKIE, worker_cookie
 from chat.models import weights_bytes
+from chat.voters import COOKIE as VOTER_COOKIE
+from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
 from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, small_preset, start_app, stop_app
 from tests.test_browser import send, watch_reply
 
@@ -332,6 +334,75 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
     page.screenshot(path=str(OUTPUT / "ui-workers-switched.png"))
     assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == cookie
     context.close()
+
+
+# --- one visitor, one voice --------------------------------------------------------------------
+
+
+def stranger_url(app: RunningApp) -> str:
+    """The app as a visitor from another machine reaches it (this machine's non-loopback address)."""
+    return f"http://{public_address()}:{app.url.rsplit(':', 1)[1]}"
+
+
+def fresh_voter_cookie(url: str) -> str:
+    """A new voter cookie, as a client that drops its cookies gets with its next answer."""
+    with urllib.request.urlopen(url + "livez", timeout=10) as response:
+        cookies = response.headers.get_all("Set-Cookie") or []
+    return next(c.split(";")[0].split("=", 1)[1] for c in cookies if c.startswith(f"{VOTER_COOKIE}="))
+
+
+@pytest.mark.browser
+def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
+    from tests.test_browser_compare import set_number, watch_columns
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(stranger_url(workers_app))
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare-prompt textarea").wait_for()
+    presets = page.locator("#compare-presets")
+    presets.get_by_label(A, exact=True).uncheck()
+    presets.get_by_label(C, exact=True).check()
+    page.locator("#compare-blind input").check()
+    page.locator("#compare-settings").get_by_text("Settings per preset").click()
+    set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")
+    said = []
+    for i in range(VOTES_PER_VOTER + 1):
+        if i:
+            page.locator("#compare-new").click()
+            page.wait_for_function("document.querySelector('#compare-chat-0 .bot-row') === null")
+        page.locator("#compare-prompt textarea").fill(f"Say the number {i}.")
+        page.locator("#compare-prompt textarea").press("Enter")
+        watch_columns(page, done="Stats are shown after you vote")
+        page.locator("#compare-vote-0").click()
+        page.wait_for_function("/You voted|votes in the last hour|from your network/.test("
+                               "document.querySelector('#compare-status')?.innerText)")
+        said.append(page.locator("#compare-status").inner_text())
+    context.close()
+    assert all("You voted" in line for line in said[:VOTES_PER_VOTER]), said
+    assert TOO_MANY_FROM_VOTER in said[-1], said[-1]
+
+
+def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(workers_app):
+    """Each vote with a cookie the client dropped and a new session: a new voter every time, but
+    one address; the Leaderboard moves by at most what one address may cast in an hour."""
+    url = stranger_url(workers_app) + "/"
+    board = Client(workers_app.url, verbose=False)  # from this machine: reading the leaderboard
+    before = board.predict(True, api_name="/leaderboard")["votes_stored"]
+    client = Client(url, verbose=False)
+    settings = {"max_tokens": 2, "temperature": 0.0}
+    outcomes = []
+    for i in range(180):
+        client.cookies[VOTER_COOKIE] = fresh_voter_cookie(url)
+        client.reset_session()
+        client.predict([B, C], True, f"Say the number {i}.", [settings, settings], api_name="/compare")
+        outcomes.append(client.predict("A", None, api_name="/vote"))
+    accepted = [o for o in outcomes if o["ok"]]
+    after = board.predict(True, api_name="/leaderboard")
+    assert after["votes_stored"] - before == len(accepted) <= VOTES_PER_ADDRESS
+    assert {o["error"] for o in outcomes[VOTES_PER_ADDRESS:]} == {TOO_MANY_FROM_ADDRESS}
+    assert after["voters"] >= len(accepted), "each dropped cookie was a new voter, and the board counts them"
 
 
 # --- faults ------------------------------------------------------------------------------------

@@ -114,3 +114,22 @@ def test_a_lone_surrogate_is_replaced_not_fatal(app_server, client, body):
     assert "\\ud800" in body or "\\udfff" in body
     assert OK.fullmatch(title(raw_chat(app_server.url, body)))
     assert OK.fullmatch(title(ask(client, "Say OK.", max_tokens=1)))
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"data": ["Hi", "SmolLM2 135M (CPU)"]}', '{"data": []}', '{"data": ["Hi", "SmolLM2 135M (CPU)", {"x": [1]}, "warm"]}'],
+    ids=["too few inputs", "no inputs", "wrong types"],
+)
+def test_an_event_called_with_inputs_that_do_not_fit_gets_a_sentence_not_a_traceback(app_server, client, body):
+    import httpx
+
+    from chat.ui.gradio_internals import BAD_INPUTS
+
+    post = httpx.post(app_server.url + "gradio_api/call/chat", content=body.encode(),
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    post.raise_for_status()
+    with httpx.stream("GET", f"{app_server.url}gradio_api/call/chat/{post.json()['event_id']}", timeout=60) as response:
+        lines = list(response.iter_lines())
+    assert "event: error" in lines and BAD_INPUTS in "\n".join(lines), lines
+    assert OK.fullmatch(title(ask(client, "Say OK.", max_tokens=1)))  # and the app keeps serving

@@ -106,7 +106,8 @@ def worker_pid(app: RunningApp, port: int) -> int | None:
 def pinned(app: RunningApp, worker: int) -> Client:
     """A gradio_client session that the front door sends to `worker`, as a browser with its cookie."""
     secret, ports = front_door(app)
-    return Client(app.url, verbose=False, headers={"Cookie": f"{COOKIE}={worker_cookie(secret, ports[worker])}"})
+    # As a cookie of the client's own (a Cookie header would hide the others, the voter's among them).
+    return Client(app.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: worker_cookie(secret, ports[worker])}})
 
 
 def chat(client: Client, message: str, preset: str) -> str:
@@ -341,7 +342,7 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
 
 def stranger_url(app: RunningApp) -> str:
     """The app as a visitor from another machine reaches it (this machine's non-loopback address)."""
-    return f"http://{public_address()}:{app.url.rsplit(':', 1)[1]}"
+    return f"http://{public_address()}:{app.url.rstrip('/').rsplit(':', 1)[1]}/"
 
 
 def fresh_voter_cookie(url: str) -> str:
@@ -387,7 +388,7 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
 def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(workers_app):
     """Each vote with a cookie the client dropped and a new session: a new voter every time, but
     one address; the Leaderboard moves by at most what one address may cast in an hour."""
-    url = stranger_url(workers_app) + "/"
+    url = stranger_url(workers_app)
     board = Client(workers_app.url, verbose=False)  # from this machine: reading the leaderboard
     before = board.predict(True, api_name="/leaderboard")["votes_stored"]
     client = Client(url, verbose=False)

@@ -25,11 +25,16 @@ engine, limited replies at 64 and more streams:
 
 3. The login cookie of Gradio's own login page (`access-token-{cookie_id}`), which the app's routes
    (the WebSocket API, /metrics) accept as well as HTTP Basic credentials (chat/auth.py).
+
+4. An event called with inputs that do not fit it (too few, or a component's own check fails, e.g.
+   chat messages in the wrong shape) is answered with one sentence (`BAD_INPUTS`) instead of the
+   traceback Gradio writes to the log for it (`Blocks.preprocess_data`).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass
@@ -39,6 +44,8 @@ import gradio
 from gradio.components import State
 from gradio.state_holder import SessionState
 from starlette.requests import HTTPConnection
+
+log = logging.getLogger(__name__)
 
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
@@ -255,11 +262,36 @@ GRADIO_METHODS = {name: SessionState.__dict__[name] for name in _PATCHES}  # bef
 _gradio_init = GRADIO_METHODS["__init__"]
 
 
+BAD_INPUTS = ("This request's inputs do not fit the endpoint it called (wrong number, type or shape); nothing was "
+              "run. The page's API view (?view=api) lists what each endpoint takes.")
+
+
+def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """Gradio's checking of an event's inputs (their number, each component's own checks), with
+    what a caller got wrong answered in one sentence: Gradio would log a traceback for it, and a
+    stranger could fill the log with them."""
+    if getattr(preprocess, "plain_input_errors", False):
+        return preprocess
+
+    async def preprocess_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await preprocess(self, *args, **kwargs)
+        except gradio.Error:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # pydantic's are ValueErrors
+            log.info("Refused an event's inputs: %s", str(exc).splitlines()[0][:200])
+            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+
+    preprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
+    return preprocess_data
+
+
 def install() -> None:
     """Check the version, then apply the patches; idempotent, called when the UI is built."""
     check_version()
     for name, function in _PATCHES.items():
         setattr(SessionState, name, function)
+    gradio.Blocks.preprocess_data = _with_plain_input_errors(gradio.Blocks.preprocess_data)
 
 
 def enable_queue(demo: gradio.Blocks) -> None:

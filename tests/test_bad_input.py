@@ -133,3 +133,10 @@ def test_an_event_called_with_inputs_that_do_not_fit_gets_a_sentence_not_a_trace
         lines = list(response.iter_lines())
     assert "event: error" in lines and BAD_INPUTS in "\n".join(lines), lines
     assert OK.fullmatch(title(ask(client, "Say OK.", max_tokens=1)))  # and the app keeps serving
+
+
+@pytest.mark.unit
+def test_a_markdown_image_in_a_reply_becomes_a_link_the_browser_does_not_fetch():
+    from chat.ui.messages import shown_text
+
+    assert shown_text("see ![x](http://evil.example/p.png) now") == "see [x](http://evil.example/p.png) now"

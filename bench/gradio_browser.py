@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import time
 from collections import defaultdict
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 
 from chat.front_door import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
+from chat.ui.live import PLACEHOLDER as LIVE_PLACEHOLDER
 
 
 @dataclass(frozen=True)
@@ -324,7 +324,6 @@ class Tab:
                 self.values[component] = sent
 
 
-LIVE_PLACEHOLDER = re.compile(r'<span class="live-reply stream-(\S+) after-\d+"></span>')
 
 
 def patch(target: Any, diff: list[Any]) -> Any:

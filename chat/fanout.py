@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 from chat.compare import ComparedReply
 from chat.errors import Stopped
-from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest
+from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest, Writing
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Job:
     entry: ComparedReply
     request: ReplyRequest
     event: ReplyEvent | None = None  # the latest news from the pipeline
+    on_text: Callable[[str], None] | None = None  # told the reply so far at every new piece (a page's live text)
 
     def record(self) -> None:
         """Copy the finished reply into the comparison's record."""
@@ -38,19 +39,24 @@ class Job:
         self.entry.finished = True
 
 
-async def write_all(service: ChatService, jobs: Sequence[Job]) -> AsyncGenerator[None, None]:
-    """Write every job's reply at once; yield whenever the view should be redrawn.
+async def write_all(service: ChatService, jobs: Sequence[Job], every_s: float = 0.0) -> AsyncGenerator[None, None]:
+    """Write every job's reply at once; yield whenever the view should be redrawn (at most once per
+    `every_s`, or per the service's pacing interval if longer).
 
     Closing this generator cancels the replies, which aborts their engine requests.
     """
     loop = asyncio.get_running_loop()
-    changed = asyncio.Event()
+    changed, first_text = asyncio.Event(), asyncio.Event()
 
     async def write(job: Job) -> None:
         try:
             async with contextlib.aclosing(service.reply(job.request)) as events:
                 async for event in events:
+                    if isinstance(event, Writing) and not isinstance(job.event, Writing):
+                        first_text.set()  # drawn at once: the page starts following the live text then
                     job.event = event
+                    if job.on_text is not None and isinstance(event, Writing):
+                        job.on_text(event.reply.text)
                     changed.set()
         finally:
             job.record()
@@ -61,9 +67,15 @@ async def write_all(service: ChatService, jobs: Sequence[Job]) -> AsyncGenerator
     try:
         while not all(job.entry.finished for job in jobs):
             await changed.wait()
-            # Coalesce the columns' news into one redraw, unless they all end meanwhile.
-            await asyncio.wait(tasks, timeout=max(0.0, last + service.pacer.interval() - loop.time()))
+            # Coalesce the columns' news into one redraw, unless a column ends or starts writing meanwhile.
+            pending = [task for task in tasks if not task.done()]
+            if pending and not first_text.is_set():
+                woken = loop.create_task(first_text.wait())
+                timeout = max(0.0, last + max(every_s, service.pacer.interval()) - loop.time())
+                await asyncio.wait([*pending, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
             changed.clear()
+            first_text.clear()
             last = loop.time()
             yield
     finally:

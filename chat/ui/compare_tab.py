@@ -31,6 +31,7 @@ from chat.service import ChatService, ReplyRequest, Waiting, Writing, check_text
 from chat.share_link import decode_link, encode_link
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
+from chat.ui.live import REDRAW_S, LiveText, is_browser
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
 from chat.voters import Voter
 from chat.votes import VoteStore
@@ -47,6 +48,13 @@ SHARED_SETTINGS = "**Every column** (blind: one set of settings for all, within 
 EXPORTS = (("md", "Markdown"), ("csv", "CSV"), ("json", "JSON"))
 SHOW_LINK = "(query) => query ? window.location.origin + window.location.pathname + query : ''"
 K = len(KNOB_NAMES)
+
+
+@dataclass
+class ColumnJob(Job):
+    """A column's reply to write, and (for a page) its live text."""
+
+    live: LiveText | None = None
 
 
 @dataclass
@@ -85,7 +93,7 @@ def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None
     if not entry.finished:
         if job is None or job.event is None or (blind and isinstance(job.event, Waiting)):
             return [annotation(f"{WAITING} Waiting for the engine…", pending=True)]
-        messages = event_messages(job.event)
+        messages = event_messages(job.event, job.live if isinstance(job, ColumnJob) else None)
         if blind and isinstance(job.event, Writing):
             messages[-1] = annotation(f"{WAITING} Writing…", pending=True)
         return messages
@@ -126,7 +134,7 @@ def summary_frames(comparison: Comparison | None) -> tuple[pd.DataFrame, pd.Data
 
 
 def begin_turn(service: ChatService, board: Board, picked: Sequence[str], blind: bool, prompt: str,
-               settings: Sequence[Mapping[str, Any]], session: str) -> list[Job]:
+               settings: Sequence[Mapping[str, Any]], session: str) -> list[ColumnJob]:
     """Add the prompt as a turn of the session's comparison (starting it with the picked presets on
     the first one): one job per column, with that column's preset and settings (`settings[i]` for
     `picked[i]`). Raises ChatError with a sentence for the person (nothing is added then)."""
@@ -158,10 +166,10 @@ def slot_settings(knob_values: Sequence[Any]) -> list[dict[str, Any]]:
     return [dict(zip(KNOB_NAMES, knob_values[slot * K:(slot + 1) * K], strict=True)) for slot in range(MAX_COLUMNS)]
 
 
-def job(comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> Job:
+def job(comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> ColumnJob:
     """The request that writes one column's reply to a turn, with that column's preset and settings."""
     column = comparison.columns[entry.column]
-    return Job(entry, ReplyRequest(
+    return ColumnJob(entry, ReplyRequest(
         comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
         system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
         submitted_at=submitted_at,
@@ -333,17 +341,27 @@ class CompareTab:
 
     # --- events ------------------------------------------------------------------------------
 
-    async def drive(self, board: Board, jobs: list[Job], session: str, first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
-        """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports."""
+    async def drive(self, board: Board, jobs: list[ColumnJob], request: gr.Request,
+                    first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
+        """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports.
+        A page gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second."""
+        session = request.session_hash or ""
         self.writing.add(session)  # before any await: a second Send is refused
+        browser = is_browser(request)
+        for each in jobs if browser else ():
+            each.live = LiveText(self.service.logs)
+            each.on_text = each.live.write
         try:
             yield first
-            async with contextlib.aclosing(write_all(self.service, jobs)) as redraws:
+            async with contextlib.aclosing(write_all(self.service, jobs, REDRAW_S if browser else 0.0)) as redraws:
                 async for _ in redraws:
                     yield self.chats(board.comparison, jobs)
             yield {**self.chats(board.comparison), **self.after_turn(board)}
         finally:
             self.writing.discard(session)
+            for each in jobs:
+                if each.live is not None:
+                    each.live.end()
 
     async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
@@ -366,7 +384,7 @@ class CompareTab:
                  self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
                  **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),
                  **{button: gr.Button(interactive=False) for button in self.votes}}
-        async for update in self.drive(board, jobs, session, first):
+        async for update in self.drive(board, jobs, request, first):
             yield update
 
     def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
@@ -388,7 +406,7 @@ class CompareTab:
             rerun_job = job(comparison, entry, index, session, time.monotonic())
             first = {self.status: "", **self.chats(comparison, [rerun_job]),
                      **{b: gr.Button(interactive=False) for b in self.votes}}
-            async for update in self.drive(board, [rerun_job], session, first):
+            async for update in self.drive(board, [rerun_job], request, first):
                 yield update
 
         return rerun

@@ -1,11 +1,145 @@
-// Live reply text: follow replies over the page's WebSocket (/chat, "watch") and show the text that
-// arrived since Gradio last redrew the reply. chat/ui/live.py explains why; the server marks where
-// the text goes with <span class="live-reply stream-ID after-N"></span>, N being how many deltas the
-// text Gradio drew already holds (class names, because Gradio's sanitiser drops data- attributes).
+// Live reply text: follow replies over the page's WebSocket (/chat, "watch") and render each one as
+// Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
+// chat/ui/live.py explains why. window.chatLive.render is the renderer, for the browser tests.
 (() => {
   const replies = new Map(); // id -> {deltas: string[], done: boolean}
   let socket = null;
   let retry = 0;
+  let parser = null;
+  const GIVE_UP = 3; // failed connections in a row after which the page shows Gradio's copy instead
+
+  // --- Markdown, as Gradio's chat renders it (marked 12: GitHub-flavoured, line breaks kept) ----
+
+  const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const escape = (text) => String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+  // Addresses a reply may link to; anything else (javascript:, data:) stays text.
+  const SAFE_HREF = /^(https?:|mailto:|#|\/(?!\/))/i;
+
+  function link(href, title, text) {
+    if (!href || !SAFE_HREF.test(href)) return text;
+    const titled = title ? ` title="${escape(title)}"` : "";
+    return `<a href="${escape(href)}"${titled} target="_blank" rel="noopener noreferrer">${text}</a>`;
+  }
+
+  function markdown() {
+    if (!parser && window.marked && window.marked.Marked) {
+      parser = new window.marked.Marked({
+        gfm: true,
+        breaks: true,
+        renderer: {
+          // A reply's HTML is shown as text while it streams (Gradio sanitises it once it is done).
+          html: (html) => escape(html),
+          code(code, info) {
+            const language = (info || "").match(/\S*/)[0];
+            const kind = language ? ` class="language-${escape(language)}"` : "";
+            return `<div class="code_wrap"><pre><code${kind}>${escape(code.replace(/\n$/, ""))}\n</code></pre></div>\n`;
+          },
+          link,
+          image: (href, title, text) => link(href, title, text), // never fetched by itself (messages.shown_text)
+        },
+      });
+    }
+    return parser;
+  }
+
+  // The text so far, less what could still turn into other syntax (shown once it cannot):
+  // a last line that may be the start of a fence, a list item, a heading's underline or a table
+  // row; a table not yet followed by its delimiter row; an unfinished link; a half-typed marker;
+  // and with an unclosed ** or ` closed for now, so that neither shows as text.
+  const FENCE = /^ {0,3}(`{3,}|~{3,})/;
+  const MAY_BECOME = /^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|\d{1,9}[.)]?|>|\|.*)\s*$/;
+  const MAY_CLOSE_FENCE = /^ {0,3}(`{1,}|~{1,})\s*$/;
+  const TABLE_DELIMITER = /^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+
+  function settled(text) {
+    const lines = text.split("\n");
+    let fenced = false;
+    for (const line of lines.slice(0, -1)) if (FENCE.test(line)) fenced = !fenced;
+    const last = lines.length - 1;
+    if (fenced) {
+      if (MAY_CLOSE_FENCE.test(lines[last])) lines[last] = "";
+      return lines.join("\n");
+    }
+    if (MAY_BECOME.test(lines[last])) lines[last] = "";
+    // Table rows at the end are held back until their delimiter row is complete.
+    const end = lines[last] === "" ? last : last + 1;
+    let start = end;
+    while (start > 0 && lines[start - 1].trimStart().startsWith("|")) start -= 1;
+    if (start < end && (end - start < 2 || !TABLE_DELIMITER.test(lines[start + 1]))) lines.splice(start, end - start);
+    // In the last line: an unfinished [link](address, a half-typed marker, and an open ` or **.
+    let tail = lines.pop() ?? "";
+    tail = tail.replace(/\[[^\]\n]*(\]\([^)\s]*)?$/, "").replace(/[*_`~]+$/, "");
+    const open = openCode(tail);
+    if (open) tail += open;
+    else if ((tail.replace(/(`+)[^`]*?\1/g, "").match(/\*\*/g) || []).length % 2) tail = tail.trimEnd() + "**";
+    lines.push(tail);
+    return lines.join("\n");
+  }
+
+  // The backticks that would close a code span left open in `line` ("" when none is open).
+  function openCode(line) {
+    let open = "";
+    for (const [run] of line.matchAll(/`+/g)) {
+      if (!open) open = run;
+      else if (run === open) open = "";
+    }
+    return open;
+  }
+
+  function render(text) {
+    const md = markdown();
+    return md ? md.parse(settled(text)) : null;
+  }
+
+  // --- boxes ------------------------------------------------------------------------------
+
+  function streamOf(box) {
+    for (const name of box.classList) if (name.startsWith("stream-")) return name.slice(7);
+    return null;
+  }
+
+  // Put `html` into the box, keeping every top-level block that did not change (so text already
+  // shown stays where it is, and a selection in it survives).
+  function patch(box, html) {
+    const fresh = document.createElement("template");
+    fresh.innerHTML = html;
+    const now = Array.from(box.children);
+    const next = Array.from(fresh.content.children);
+    let same = 0;
+    while (same < now.length && same < next.length && now[same].outerHTML === next[same].outerHTML) same += 1;
+    for (const node of now.slice(same)) node.remove();
+    box.append(...next.slice(same));
+  }
+
+  function draw(id) {
+    const reply = replies.get(id);
+    if (!reply || !reply.deltas.length || retry >= GIVE_UP) return;
+    const boxes = document.querySelectorAll(`.live-reply.stream-${CSS.escape(id)}`);
+    if (!boxes.length) return;
+    const html = render(reply.deltas.join(""));
+    if (html === null) return; // the parser is not loaded: Gradio's copy of the text shows instead
+    for (const box of boxes) {
+      if (box.dataset.drawn === String(reply.deltas.length)) continue;
+      patch(box, html);
+      box.dataset.drawn = String(reply.deltas.length);
+    }
+  }
+
+  // New text is drawn once per frame, however many deltas arrive in it.
+  const due = new Set();
+  let frame = 0;
+  function later(id) {
+    due.add(id);
+    if (!frame) {
+      frame = requestAnimationFrame(() => {
+        frame = 0;
+        for (const each of due) draw(each);
+        due.clear();
+      });
+    }
+  }
+
+  // --- the socket ---------------------------------------------------------------------------
 
   function url() {
     const base = new URL(".", window.location.href);
@@ -21,8 +155,11 @@
     socket = new WebSocket(url());
     socket.onopen = () => {
       retry = 0;
+      // Connected, the page shows only its own rendering of a reply being written (style.py).
+      if (markdown()) document.documentElement.classList.add("live-text");
       for (const [id, reply] of replies) {
         if (!reply.done) send({ type: "watch", id, after: reply.deltas.length - 1 });
+        later(id);
       }
     };
     socket.onmessage = (event) => {
@@ -31,42 +168,34 @@
       if (!reply) return;
       if (message.type === "delta" && message.index === reply.deltas.length) {
         reply.deltas.push(message.text);
-        draw(message.id);
+        later(message.id);
       } else if (message.type === "done" || message.type === "error") {
         reply.done = true;
       }
     };
     socket.onclose = () => {
       socket = null;
+      document.documentElement.classList.remove("live-text");
       if ([...replies.values()].some((reply) => !reply.done)) {
         retry += 1;
+        if (retry === GIVE_UP) {
+          // Gradio's copy of the text shows until the socket is back (its redraws keep it current).
+          for (const box of document.querySelectorAll(".live-reply")) {
+            box.replaceChildren();
+            delete box.dataset.drawn;
+          }
+        }
         setTimeout(connect, Math.min(5000, 250 * 2 ** retry));
       }
     };
   }
 
-  function marks(span) {
-    let id = null;
-    let after = 0;
-    for (const name of span.classList) {
-      if (name.startsWith("stream-")) id = name.slice(7);
-      else if (name.startsWith("after-")) after = Number(name.slice(6));
-    }
-    return { id, after };
-  }
-
-  function draw(id) {
-    const reply = replies.get(id);
-    for (const span of document.querySelectorAll(`.live-reply.stream-${CSS.escape(id)}`)) {
-      const text = reply.deltas.slice(marks(span).after).join("");
-      if (span.textContent !== text) span.textContent = text;
-    }
-  }
-
+  // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
+  // painted, so a redraw never shows an empty box).
   function follow() {
     const live = new Set();
-    for (const span of document.querySelectorAll(".live-reply")) {
-      const { id } = marks(span);
+    for (const box of document.querySelectorAll(".live-reply")) {
+      const id = streamOf(box);
       if (!id) continue;
       live.add(id);
       if (!replies.has(id)) {
@@ -74,12 +203,14 @@
         if (!socket) connect();
         else send({ type: "watch", id, after: -1 });
       }
-      draw(id);
+      if (box.dataset.drawn === undefined) draw(id);
     }
     for (const [id, reply] of replies) {
       if (reply.done && !live.has(id)) replies.delete(id); // drawn for good by Gradio
     }
   }
 
+  window.chatLive = { render, settled };
   new MutationObserver(follow).observe(document.documentElement, { childList: true, subtree: true });
+  connect(); // now, so that the first reply's text is drawn from its first piece
 })();

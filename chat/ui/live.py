@@ -1,22 +1,27 @@
-"""Live reply text in the browser: new text goes over the page's WebSocket, not through Gradio's queue.
+"""How a reply reaches a browser while it is written: the one module Chat and Compare use for it.
 
 Gradio redraws a streaming chat by rebuilding, diffing and sending the whole conversation on every
 update, in the one event loop that also runs the engine's output handler; with hundreds of replies
 at once that work, not the engine, set the pace (bench/frontend.py measures it). So for a browser
-the Chat tab and Compare write each reply's new text into a `ReplyLog` (the WebSocket API's own,
-chat/reply_log.py) and redraw through Gradio only about once a second; the page's script
-(live.js, loaded in the page's head) follows the log over /chat ("watch") and shows the text that
-arrived since Gradio's last redraw in a placeholder after it (`stream-ID after-N`: the reply's log,
-and how many of its deltas Gradio's redraw already holds). Gradio's redraw then carries that text
-as Markdown, and the placeholder starts over from there.
+each reply's new text goes into a `ReplyLog` (the WebSocket API's own, chat/reply_log.py) and
+Gradio redraws the reply only now and then. Each redraw starts the reply with an empty box
+(`<div class="live-reply stream-ID">`); the page's script (live.js, in the page's head) follows the
+log over /chat ("watch") and renders the whole reply so far as Markdown into that box, with the
+same parser and options as Gradio's chat (marked 12, GitHub-flavoured, line breaks kept), holding
+back a last line that could still turn into other syntax (an opening fence, a list marker, a table
+row), so the visitor never sees Markdown as text or a block changing form. While the box has
+content the page hides Gradio's own copy of the text after it (style.py); that copy is there for a
+page whose script or socket failed. When the reply ends Gradio draws the finished text, rendered
+the same way.
 
 Programs calling the Gradio API (`gradio_client` says so in a header) cannot run the script, so
-they get every redraw's text through Gradio as before.
+they get every redraw's text through Gradio, without a box.
 """
 
 from __future__ import annotations
 
 import html
+import re
 import time
 import uuid
 from pathlib import Path
@@ -25,9 +30,16 @@ import gradio as gr
 
 from chat.reply_log import ReplyLog, ReplyStore
 
-SCRIPT = (Path(__file__).with_name("live.js")).read_text(encoding="utf-8")
-HEAD = f"<script>{SCRIPT}</script>"
-REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the placeholder shows the rest)
+_HERE = Path(__file__).parent
+# marked, the Markdown parser Gradio's chat uses, run where no AMD loader or CommonJS module can
+# claim it (it then sets window.marked).
+MARKED = (_HERE / "vendor" / "marked-12.0.2.min.js").read_text(encoding="utf-8")
+SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
+HEAD = f"<script>(function (define, module, exports) {{\n{MARKED}\n}}).call(window);</script><script>{SCRIPT}</script>"
+REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the box shows the rest)
+# The box, as it appears in the reply's Markdown: in class names, because Gradio's HTML sanitiser
+# keeps classes and drops data- attributes; a blank line after it, so the text is Markdown again.
+PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n')
 
 
 def is_browser(request: gr.Request | None) -> bool:
@@ -60,24 +72,12 @@ class LiveText:
         self._drawn_at = now
         return True
 
-    def drawn(self, text: str) -> str:
-        """The part of the reply (`text`, so far) that Gradio draws now: what was written to the log."""
-        drawn = text[: self.sent]
-        if _inside_code_block(drawn):
-            drawn += "\n```\n"  # the placeholder must not land inside a code block, where it shows as text
-        return drawn
-
-    def placeholder(self) -> str:
-        """Where the page shows what arrives until the next redraw (live.js fills it)."""
-        # In its class names: Gradio's HTML sanitiser keeps classes and drops data- attributes.
-        return f'<span class="live-reply stream-{html.escape(self.log.id)} after-{self.deltas}"></span>'
+    def body(self, shown: str) -> str:
+        """The reply's message while it is written: the box the page renders the live text into,
+        then `shown` (the reply so far, as displayed), which the page hides while the box has text."""
+        return f'<div class="live-reply stream-{html.escape(self.log.id)}"></div>\n\n{shown}'
 
     def end(self) -> None:
         if self.log.running:
             self.log.add("done")
             self.log.end()
-
-
-def _inside_code_block(markdown: str) -> bool:
-    fences = sum(1 for line in markdown.splitlines() if line.lstrip().startswith("```"))
-    return fences % 2 == 1

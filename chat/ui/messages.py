@@ -54,11 +54,11 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
 
 def event_messages(event: ReplyEvent, live: LiveText | None = None) -> list[gr.ChatMessage]:
     """A reply as it stands after one event of the pipeline: its text, and the line beneath it.
-    With `live`, the page's script shows the text that arrives after this redraw (chat/ui/live.py)."""
+    With `live`, the page's script renders the text as it arrives (chat/ui/live.py)."""
     if isinstance(event, Waiting):
         return [annotation(f"{WAITING} {event.status}", pending=True)]
     if isinstance(event, Writing) and live is not None:
-        body = shown_text(live.drawn(event.reply.text)) + live.placeholder()
+        body = live.body(shown_text(event.reply.text))
         return [gr.ChatMessage(role="assistant", content=body), annotation(f"{WAITING} {event.line()}", pending=True)]
     if isinstance(event, Writing):
         return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))

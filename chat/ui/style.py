@@ -51,8 +51,9 @@ CSS = """
 /* Room for the scrollbar from the start: without it the whole page jumps sideways when the chat
    grows taller than the window (Lighthouse measured a layout shift of 0.59 on a desktop). */
 html { scrollbar-gutter: stable; }
-/* Text that arrived since Gradio last drew a reply (chat/ui/live.py) keeps its line breaks. */
-.live-reply { white-space: pre-wrap; }
+/* A reply being written: the page renders it into its box (chat/ui/live.py). Gradio's own copy
+   after the box, drawn now and then, shows only where the page's script cannot follow the text. */
+.live-text .live-reply ~ *, .live-reply:not(:empty) ~ * { display: none !important; }
 /* The chat's settings sit to its right on a wide screen (they come first in the page so that the
    chat finds its inputs already made). */
 #chat-layout { flex-wrap: nowrap; }

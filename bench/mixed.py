@@ -10,22 +10,19 @@ comparison's columns give their time to first token from their stats lines.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any
 
 from bench.run import Target, measure
-
-FIRST_TOKEN = re.compile(r"first token ([\d.,]+) (m?s)")
+from chat.stats import SUMMARY
 
 
 def _first_token_ms(title: str) -> float | None:
-    found = FIRST_TOKEN.search(title or "")
+    found = SUMMARY.search(title or "")
     if found is None:
         return None
-    value = float(found[1].replace(",", ""))
-    return value if found[2] == "ms" else 1000 * value
+    return 1000 * float(found["first"].replace(",", ""))
 
 
 def mixed_load(url: str, browser: Target, chat: int, visitors: int, presets: tuple[str, str], max_tokens: int,

@@ -8,11 +8,19 @@ compared with each other.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from chat.sampling import KNOBS, Sampling
+
+REPLIED = "replied after"
+"""How the stats line begins once a reply has its first token; tests and benches wait for it."""
+SUMMARY = re.compile(
+    rf"{REPLIED} (?P<first>[\d.,]+) s(?: \((?P<queue>[\d.,]+) s waiting in line\))?"
+    r" · (?P<tokens>[\d,]+) tokens?(?: at (?P<rate>[\d.,]+) a second)? · (?P<total>[\d.,]+) s in all · (?P<finish>.+)$")
+"""The stats line's numbers, for tests and benches that read them (seconds, tokens, tokens a second)."""
 
 
 class Finish(enum.Enum):
@@ -60,44 +68,53 @@ class ReplyStats:
         return (self.generated_tokens - 1) / span if span else None
 
     def summary(self) -> str:
-        """The one line shown beneath the reply, visible without clicking."""
+        """The one line shown beneath the reply, visible without clicking, in words anyone reads
+        (the technical names are in `details`)."""
         parts = []
         if self.engine_wait_s >= 1:
-            parts.append(f"engine start {_seconds(self.engine_wait_s)}")
+            parts.append(f"the model took {_seconds(self.engine_wait_s)} to load")
         if self.first_token_s is not None:
-            parts.append(f"first token {_seconds(self.first_token_s)}")
+            replied = f"{REPLIED} {_seconds(self.first_token_s)}"
+            if self.queue_s is not None and self.queue_s >= 0.05:
+                replied += f" ({_seconds(self.queue_s)} waiting in line)"
+            parts.append(replied)
+        written = _count(self.generated_tokens, "token")
         if self.tokens_per_s is not None:
-            parts.append(f"{self.tokens_per_s:.1f} tokens/s")
-        parts.append(f"{self.generated_tokens:,} tokens")
-        parts.append(f"{_seconds(self.total_s)} total")
-        if self.queue_s is not None and self.queue_s >= 0.05:
-            parts.append(f"queued {_seconds(self.queue_s)}")
+            written += f" at {_rate(self.tokens_per_s)} a second"
+        parts.append(written)
+        parts.append(f"{_seconds(self.total_s)} in all")
         parts.append(self.finish.value)
         return " · ".join(parts)
 
     def details(self) -> str:
         """Everything behind the line, each with what it means: the timing split, the prompt,
-        and the exact settings that made this reply."""
+        and the exact settings that made this reply (a Markdown table with a header row)."""
         rows = [
             ("Preset", self.preset, "The model and settings that wrote this reply."),
-            ("Engine start", _seconds(self.engine_wait_s) if self.engine_wait_s >= 0.05 else "-",
+            ("Model loading", _seconds(self.engine_wait_s) if self.engine_wait_s >= 0.05 else "-",
              "Waiting for the model to load before this message could be sent to it."),
-            ("Time to first token", _seconds(self.first_token_s), "From sending to the first word appearing."),
-            ("Queue", _seconds(self.queue_s), "Waiting for a free slot in the engine: long when the demo is busy."),
-            ("Reading the prompt", _seconds(self.prefill_s), "The model reading the conversation: long when it is long."),
-            ("Writing", _seconds(self.decode_s), "From the first token to the last."),
-            ("Total", _seconds(self.total_s), "From sending to the end of the reply."),
-            ("Speed", f"{self.tokens_per_s:.1f} tokens/s" if self.tokens_per_s else "-",
-             "Tokens written per second after the first one."),
-            ("Tokens generated", f"{self.generated_tokens:,}", "A token is about three quarters of a word."),
+            ("Replied after", _seconds(self.first_token_s),
+             "From sending to the first word appearing (engineers call it time to first token)."),
+            ("Waiting in line", _seconds(self.queue_s),
+             "Part of the above: waiting for a free slot in the engine (the queue); long when the demo is busy."),
+            ("Reading the prompt", _seconds(self.prefill_s),
+             "Part of the above: the model reading the conversation (prefill); long when it is long."),
+            ("Writing", _seconds(self.decode_s), "From the first token to the last (decode)."),
+            ("In all", _seconds(self.total_s), "From sending to the end of the reply."),
+            ("Speed", f"{_rate(self.tokens_per_s)} tokens a second" if self.tokens_per_s else "-",
+             "Tokens written per second after the first one (tokens/s)."),
+            ("Tokens", f"{self.generated_tokens:,}",
+             "How much the model wrote, in tokens: the pieces a model reads and writes, "
+             "a word or part of one; a token is about three quarters of an English word."),
             ("Prompt tokens", f"{self.prompt_tokens:,} ({self.cached_prompt_tokens:,} from the prefix cache)",
              "The conversation as the model read it; cached tokens were already read before."),
             ("Context used", f"{self.prompt_tokens + self.generated_tokens:,} of {self.context_limit:,} tokens",
-             "How much of what the model can hold at once this conversation fills."),
+             "How much of what the model can hold at once (its context window) this conversation fills."),
             ("Why it stopped", self.finish.value, "What ended the reply."),
         ]
         rows += [(knob.label, knob.format(getattr(self.sampling, knob.name)), knob.help) for knob in KNOBS]
-        return "| | | |\n|---|---|---|\n" + "\n".join(f"| {name} | {value} | {meaning} |" for name, value, meaning in rows)
+        header = "| Figure | Value | What it means |\n|---|---|---|\n"
+        return header + "\n".join(f"| {name} | {value} | {meaning} |" for name, value, meaning in rows)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReplyStats:
@@ -145,15 +162,30 @@ class ReplyProgress:
         if self.first_token_at is None:
             return f"Reading your message… {elapsed}"
         percent = 100 * self.tokens / self.max_tokens
-        return f"Writing… {elapsed} · {self.tokens:,} tokens · {percent:.0f}% of Max tokens"
+        return f"Writing… {elapsed} · {_count(self.tokens, 'token')} · {percent:.0f}% of Max tokens"
 
 
 def _seconds(value: float | None) -> str:
+    """Seconds as people say them: 0.29 s, 2.1 s (never milliseconds)."""
     if value is None:
         return "-"
+    if value < 0.01:
+        return f"{value:.3f} s"
     if value < 1:
-        return f"{value * 1000:.0f} ms"
-    return f"{value:.1f} s"
+        return f"{value:.2f} s"
+    return f"{value:,.1f} s"
+
+
+def _rate(per_s: float | None) -> str:
+    """A speed with as many digits as it deserves: 8.7, 65, 1,200."""
+    if per_s is None:
+        return "-"
+    return f"{per_s:.1f}" if per_s < 10 else f"{per_s:,.0f}"
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 token", "2 tokens", "1,024 tokens"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

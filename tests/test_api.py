@@ -291,7 +291,7 @@ async def test_the_client_falls_back_to_the_gradio_api_when_the_socket_is_refuse
         assert fallback.via == "gradio" and fallback.reconnects == 2
         assert fallback.stats["generated_tokens"] == 12 and fallback.stats["finish"] == "max_tokens"
         assert parts == [fallback.text] and fallback.finish == "max_tokens"
-        assert " · 12 tokens · " in fallback.summary and fallback.summary.endswith(" · reached the Max tokens limit")
+        assert " · 12 tokens at " in fallback.summary and fallback.summary.endswith(" · reached the Max tokens limit")
         # The API and the UI render the same conversation: greedy decoding gives the same words.
         assert fallback.text == streamed_text == streamed.text
 
@@ -323,7 +323,7 @@ def test_the_fallback_reads_a_timed_out_reply_and_raises_a_refusal():
                  "notice": "The model produced nothing for 60 s.", "error": None}
     assert stream.take(timed_out) == "Once upon a time"
     assert (stream.finish, stream.notice) == ("timed_out", "The model produced nothing for 60 s.")
-    assert stream.summary.endswith("40 tokens · 60.2 s total · timed out")
+    assert stream.summary.endswith("40 tokens at 8.1 a second · 60.2 s in all · timed out")
     refused = {"text": "", "stats": None, "finish": "error", "notice": None,
                "error": {"code": "empty_message", "message": "Type a message first."}}
     with pytest.raises(ChatApiError) as caught:

@@ -9,6 +9,7 @@ import threading
 import time
 from urllib.parse import quote
 
+from chat.stats import REPLIED
 from tests.conftest import ROOT, get_json
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -36,7 +37,7 @@ def test_a_reply_streams_over_http_with_stats_beneath_it(client, app_server):
     assert all(later.startswith(earlier) for earlier, later in zip(growing, growing[1:], strict=False))
     assert messages[0]["content"] == growing[-1]
     title = final_title(messages)
-    assert title.startswith("📊 first token ") and "tokens/s" in title and "40 tokens" in title
+    assert title.startswith(f"📊 {REPLIED} ") and "40 tokens at " in title and " a second · " in title
     assert "reached the Max tokens limit" in title
     assert "| Preset | SmolLM2 135M (CPU) |" in messages[-1]["content"]
     assert app_server.wait_idle()["engines"][0]["running"] == 0

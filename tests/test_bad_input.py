@@ -10,8 +10,10 @@ import re
 
 import pytest
 
+from chat.stats import SUMMARY
+
 PRESET = "SmolLM2 135M (CPU)"
-OK = re.compile(r"📊 first token .* tokens · .* total · .*")
+OK = re.compile(r"📊 " + SUMMARY.pattern)
 DEFAULTS = {"temperature": 0.0, "top_p": 0.9, "top_k": 0, "max_tokens": 4, "repetition_penalty": 1.1, "seed": 1}
 
 

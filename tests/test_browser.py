@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from chat.stats import REPLIED, SUMMARY
 from tests.conftest import OUTPUT, ROOT
 
 pytestmark = pytest.mark.browser
@@ -53,14 +54,14 @@ def watch_reply(page, until: str, within_s: float = 90) -> tuple[list[str], str]
 
 def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
     send(page, "Write a short poem about the moon.")
-    seen, title = watch_reply(page, "first token")
+    seen, title = watch_reply(page, REPLIED)
     growing = [text for text in seen if text.strip() and not text.startswith("⏳")]
     assert len(growing) >= 3, f"the reply should grow in steps, saw {growing}"
     # Letters and digits never go away (the newest text is plain until Gradio draws it as Markdown,
     # which may drop a space or a * around it).
     letters = [len(re.findall(r"[^\W_]", text)) for text in growing]
     assert all(a <= b for a, b in zip(letters, letters[1:], strict=False)), growing
-    assert re.search(r"first token [\d.]+ m?s · [\d.]+ tokens/s · [\d,]+ tokens · [\d.]+ m?s total", title)
+    assert (numbers := SUMMARY.search(title)) and numbers["rate"], title
     reply_box = page.locator(REPLY_TEXT).last.bounding_box()
     stats_box = page.locator(REPLY_TITLE).last.bounding_box()
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
@@ -91,7 +92,7 @@ def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_se
     assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
     # The conversation goes on after a stop.
     send(page, "Say hi.")
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
 
 
 def titles(page) -> list[str]:
@@ -101,16 +102,16 @@ def titles(page) -> list[str]:
 def wait_for_one_new_reply(page, old_title: str) -> None:
     """Until the chat holds one finished reply whose stats line is not `old_title`: written anew."""
     page.wait_for_function(
-        "([selector, old]) => { const t = [...document.querySelectorAll(selector)].map(e => e.innerText);"
-        " return t.length === 1 && t[0] !== old && t[0].includes('first token'); }",
-        arg=[REPLY_TITLE, old_title],
+        "([selector, old, done]) => { const t = [...document.querySelectorAll(selector)].map(e => e.innerText);"
+        " return t.length === 1 && t[0] !== old && t[0].includes(done); }",
+        arg=[REPLY_TITLE, old_title, REPLIED],
         timeout=60_000,
     )
 
 
 def test_retry_writes_a_new_reply_with_new_stats(page):
     send(page, "Name one planet.")
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
     first = titles(page)[-1]
     page.get_by_role("button", name="Retry").last.click()
     wait_for_one_new_reply(page, first)
@@ -119,7 +120,7 @@ def test_retry_writes_a_new_reply_with_new_stats(page):
 
 def test_edit_regenerates_from_the_edited_message(page):
     send(page, "Name one fruit.")
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
     first = titles(page)[-1]
     page.get_by_role("button", name="Edit").last.click()
     box = page.locator("#chatbot .user-row textarea").last
@@ -134,17 +135,27 @@ def test_edit_regenerates_from_the_edited_message(page):
 
 def test_history_survives_a_reload_with_its_stats(page):
     send(page, "Say something about owls.")
-    _, title = watch_reply(page, "first token")
+    _, title = watch_reply(page, REPLIED)
     page.wait_for_function(  # saved once the reply is done: then it also shows in the list of chats
         "[...document.querySelectorAll('*')].filter(e => e.children.length === 0 && e.innerText === 'Say something about owls.').length >= 2",
         timeout=15_000,
     )
     page.reload()
     page.wait_for_selector("#message textarea")
-    page.get_by_text("Say something about owls.").first.click(timeout=15_000)  # in the saved chats list
-    page.wait_for_selector(REPLY_TITLE, timeout=15_000)
+    page.wait_for_selector(REPLY_TITLE, timeout=15_000)  # back in the conversation, with no click
     assert titles(page)[-1] == title
     assert "Say something about owls." in page.locator("#chatbot").inner_text()
+    send(page, "And about cats?")  # it goes on in the same saved chat
+    watch_reply(page, REPLIED)
+    assert len(page.locator(REPLY_TITLE).all()) == 2
+    page.locator("#new-chat").click()  # a new chat is what a reload then shows
+    page.wait_for_function("!document.querySelector('#chatbot').innerText.includes('owls')")
+    page.reload()
+    page.wait_for_selector("#message textarea")
+    page.get_by_text("Say something about owls.").first.wait_for()  # in the saved chats list
+    assert "owls" not in page.locator("#chatbot").inner_text()
+    page.get_by_text("Say something about owls.").first.click()
+    page.wait_for_function("document.querySelectorAll('#chatbot .bot-row .thought .title').length === 2")
 
 
 def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser, app_server):
@@ -153,7 +164,7 @@ def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser
     page.goto(app_server.url)
     page.wait_for_selector("#message textarea")
     send(page, "Hi!")
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1")
     assert page.locator(REPLY_TITLE).last.is_visible()
     page.screenshot(path=str(OUTPUT / "phone.png"), full_page=True)
@@ -184,7 +195,7 @@ def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme
     page.goto(f"{app_server.url}?__theme={theme}")
     page.wait_for_selector("#message textarea")
     send(page, "Say hello in French.")
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
     assert contrast(page, REPLY_TEXT + " .message-content") >= 4.5
     assert contrast(page, REPLY_TITLE) >= 3
     page.screenshot(path=str(OUTPUT / f"theme-{theme}.png"))
@@ -193,7 +204,7 @@ def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme
 
 def test_script_in_a_message_never_runs(page):
     send(page, '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script> Repeat exactly: <b onmouseover=alert(1)>hi</b>')
-    watch_reply(page, "first token")
+    watch_reply(page, REPLIED)
     page.locator("#chatbot").hover()
     assert page.evaluate("window.__pwned") is None
     assert page.locator("#chatbot script").count() == 0
@@ -220,7 +231,7 @@ def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_
 
 def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):
     send(page, "Name a colour.")
-    _, title = watch_reply(page, "first token")
+    _, title = watch_reply(page, REPLIED)
     page.locator("#save").click()
     link = page.locator("#saved-file a").first
     link.wait_for(timeout=15_000)

@@ -9,6 +9,7 @@ import time
 import pytest
 from axe_playwright_python.sync_playwright import Axe
 
+from chat.stats import REPLIED
 from tests.test_browser import REPLY_TEXT, REPLY_TITLE
 
 pytestmark = pytest.mark.browser
@@ -103,7 +104,7 @@ def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(b
         box.press("Enter")
         page.locator("#stop").wait_for(state="visible")
         found["Chat, writing"] = problems(page)  # Stop and a busy stats line on screen
-        page.locator(REPLY_TITLE).filter(has_text="first token").first.wait_for(timeout=90_000)
+        page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
         found["Chat, after a reply"] = problems(page)  # the stats fold beneath the reply
 
         open_tab(page, "Monitor")
@@ -115,7 +116,7 @@ def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(b
         prompt.fill("Name a fruit.")
         prompt.press("Enter")
         for column in (0, 1):
-            title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text="first token")
+            title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text=REPLIED)
             title.first.wait_for(timeout=120_000)
         page.locator("#compare-ttft-plot svg").first.wait_for()
         found["Compare, after a comparison"] = problems(page)  # votes, summary table, bar charts

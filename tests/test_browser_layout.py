@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from chat.stats import REPLIED
 from tests.conftest import OUTPUT, ROOT
 from tests.test_browser import REPLY_TITLE, send, watch_reply
 
@@ -67,7 +68,7 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
 
     send(page, "Name three colours.")
     page.locator("#stop").wait_for(state="visible")
-    _, title = watch_reply(page, "first token")
+    _, title = watch_reply(page, REPLIED)
     assert "12 tokens" in title or "finished" in title
     page.locator("#stop").wait_for(state="hidden")
     assert page.locator(REPLY_TITLE).last.is_visible()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from chat.stats import REPLIED
 from tests.conftest import OUTPUT, small_preset, start_app, stop_app
 from tests.test_browser import REPLY_TEXT, send, watch_reply
 
@@ -67,11 +68,11 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
         "/Starting the engine for Terse: .*\\d+ s/.test(document.querySelector('#chatbot').innerText)",
         timeout=30_000,
     )
-    _, title = watch_reply(switcher, "first token", within_s=120)
+    _, title = watch_reply(switcher, REPLIED, within_s=120)
     assert "24 tokens" in title or "finished" in title
 
     # The first reader was never interrupted: its story went on growing and ends normally.
-    _, story_title = watch_reply(reader, "first token", within_s=120)
+    _, story_title = watch_reply(reader, REPLIED, within_s=120)
     assert "tokens" in story_title and "stopped" not in story_title and "⚠️" not in story_title
     status, body = two_engine_app.health()
     assert status == 200 and {e["preset"] for e in body["engines"]} == {"Storyteller", "Terse"}

@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import random
-import re
 import threading
 import time
 from urllib.parse import parse_qsl, urlsplit
@@ -20,7 +19,7 @@ from chat.errors import InputError, PresetError, SettingsError
 from chat.history import text_of
 from chat.presets import load_presets
 from chat.share_link import decode_link, encode_link
-from chat.stats import Finish, ReplyStats, percentile
+from chat.stats import REPLIED, SUMMARY, Finish, ReplyStats, percentile
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
 
@@ -94,7 +93,7 @@ def test_blind_columns_hide_names_everywhere_until_the_first_vote(presets):
             for r in summarize(comparison)] == [(1, None, None, None), (1, None, None, None)]
     assert {r["stats"] is None for turn in json.loads(to_json(comparison))["turns"] for r in turn["replies"]} == {True}
     assert {row["generated_tokens"] + row["first_token_s"] for row in csv.DictReader(io.StringIO(to_csv(comparison)))} == {""}
-    assert not re.search(r"first token [\d.]+", to_markdown(comparison)) and "Stats are shown after you vote" in to_markdown(comparison)
+    assert not SUMMARY.search(to_markdown(comparison)) and "Stats are shown after you vote" in to_markdown(comparison)
     vote = comparison.vote("B")
     assert vote.blind and comparison.revealed
     assert comparison.title(1) == f"B · {comparison.columns[1].preset}"
@@ -176,7 +175,7 @@ def test_exports_carry_every_reply_stat_setting_and_vote(presets, tmp_path):
 
     markdown = to_markdown(comparison)
     for expected in ("Hi there!", "How are you?", "=1+1", "**Vote:** B is better", "### A · SmolLM2 135M (CPU) (rerun 2)",
-                     "first token 200 ms", "Temperature 0.7", "| B | SmolLM2 135M (CPU, deterministic) | 2 | 300 ms |"):
+                     "replied after 0.20 s", "Temperature 0.7", "| B | SmolLM2 135M (CPU, deterministic) | 2 | 300 ms |"):
         assert expected in markdown
 
     paths = write_exports(comparison, tmp_path / "out")
@@ -267,7 +266,7 @@ def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
     a, b = ([t - sent for t in growth[column]] for column in (0, 1))
     print(f"\ntext grew, seconds after sending: A {a[0]:.2f}..{a[-1]:.2f} ({len(a)} updates), B {b[0]:.2f}..{b[-1]:.2f} ({len(b)} updates)")
     titles = [messages[-1]["metadata"]["title"] for messages in chatbots[:2]]
-    assert all(title.startswith("📊 first token") and "40 tokens" in title for title in titles), titles
+    assert all(title.startswith(f"📊 {REPLIED}") and "40 tokens" in title for title in titles), titles
     assert app_server.wait_idle()["engines"][0]["running"] == 0
 
 
@@ -327,5 +326,5 @@ def test_blind_columns_cannot_be_told_apart_before_the_vote_through_the_api(app_
     assert client.predict("A", None, api_name="/vote")["ok"]
     after = client.predict([CREATIVE, DETERMINISTIC], True, "Count to five.", [shared, shared], api_name="/compare")
     titles = [column["messages"][-1]["metadata"]["title"] for column in after["columns"]]
-    assert all(title.startswith("📊 first token") for title in titles), titles
+    assert all(title.startswith(f"📊 {REPLIED}") for title in titles), titles
     assert app_server.wait_idle()["engines"][0]["running"] == 0

@@ -1,6 +1,6 @@
 from chat.history import is_annotation, text_of, to_model_messages
 
-STATS = {"title": "📊 first token 310 ms · 12.0 tokens/s · 40 tokens", "status": "done"}
+STATS = {"title": "📊 replied after 0.31 s · 40 tokens at 12 a second · 3.6 s in all · finished", "status": "done"}
 
 
 def gradio_history():

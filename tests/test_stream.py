@@ -10,7 +10,7 @@ import pytest
 
 from chat.errors import InputError, SettingsError
 from chat.history import to_model_messages
-from chat.stats import Finish
+from chat.stats import REPLIED, Finish
 from chat.stream import Reply, paced
 
 
@@ -160,7 +160,7 @@ async def test_stats_of_an_earlier_reply_are_not_in_the_next_prompt(engine, defa
     second = reply_to(engine, default_preset, "Another one?", history=history, max_tokens=4)
     prompt = (await engine.render(second.messages)).rendered["prompt"]
     assert first.text.strip() in prompt
-    assert "tokens/s" not in prompt and "Preset" not in prompt and "📊" not in prompt
+    assert REPLIED not in prompt and "a second" not in prompt and "Preset" not in prompt and "📊" not in prompt
 
 
 async def test_invalid_sampling_values_give_the_plain_sentence(default_preset):

@@ -42,6 +42,8 @@ ROUNDS = 1000  # bootstrap refits; about half a second for a handful of presets
 # every battle, or when groups of presets were never compared with each other. With tens of
 # battles per preset it moves a rating by a few points.
 PRIOR_BATTLES = 1.0
+FEW_VOTES = 20  # below this, resampling the votes understates how unsure the ratings are
+METHOD = "Bradley-Terry"  # named for those who know it; visitors read what it does instead
 _NEWTON_STEPS, _NEWTON_TOLERANCE = 100, 1e-10
 
 
@@ -134,6 +136,19 @@ class Standing:
     first_token_median_s: float | None  # over this preset's replies in the counted votes
     tokens_per_s_median: float | None
 
+    @property
+    def has_spread(self) -> bool:
+        """Whether the resamples disagreed at all: one vote, or votes that all agree, resample to the
+        same rating every time, an interval of no width that says nothing about how sure it is."""
+        return round(self.ci_high) > round(self.ci_low)
+
+    def range_text(self) -> str:
+        """The interval as the page says it: "1090 – 1160"; "not enough votes yet" or "±0" when the
+        resamples never differed (with few votes, or many that all agree)."""
+        if self.has_spread:
+            return f"{self.ci_low:.0f} – {self.ci_high:.0f}"
+        return "not enough votes yet" if self.votes < FEW_VOTES else "±0"
+
 
 @dataclass(frozen=True)
 class Leaderboard:
@@ -147,7 +162,7 @@ class Leaderboard:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": "vllm-chat-demo leaderboard", "version": 1, **asdict(self),
-                "method": f"Bradley-Terry, ties half, {self.rounds} bootstrap rounds over votes, "
+                "method": f"{METHOD}, ties half, {self.rounds} bootstrap rounds over votes, "
                           f"ratings {BASE:.0f} + {SCALE:.0f} * log10(strength), centred on {BASE:.0f}"}
 
     def to_json(self) -> str:

@@ -48,6 +48,14 @@ def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(pa
     assert {row[1] for row in rows} == {CREATIVE, DETERMINISTIC}, rows
     assert int(rows[0][2]) >= int(rows[1][2]), "best first"
     assert all(row[5].count("·") == 2 and row[6].endswith("%") for row in rows), rows
+    for row in rows:  # a range with width, or words for one without: never "1131 – 1131"
+        spread = re.fullmatch(r"(\d+) – (\d+)", row[3])
+        assert row[3] in ("not enough votes yet", "±0") or (spread and int(spread[1]) < int(spread[2])), rows
+    intro = page.locator("#leaderboard-intro").inner_text()
+    assert "likely range" in intro and "Bradley-Terry" not in intro, intro
+    assert page.locator("#leaderboard-method").is_hidden(), "the method waits in its fold"
+    page.locator("#leaderboard-how").get_by_text("How the ranking works").click()
+    page.get_by_text("Bradley-Terry model").wait_for()
     summary = page.locator("#leaderboard-summary").inner_text()  # other tests may have voted on this app too
     assert re.search(r"\d+ blind votes? from \d+ voters?, ranked over 2 presets", summary), summary
     assert "read this ranking as a first hint" in summary, summary

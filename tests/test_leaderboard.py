@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -168,3 +169,23 @@ def _defaults():
     from chat.sampling import SamplingRules
 
     return SamplingRules().defaults
+
+
+def test_an_interval_without_width_is_said_honestly_and_the_method_is_one_click_away():
+    from chat.ui.leaderboard_tab import COLUMNS, HOW, INTRO, chart, table
+
+    one = rank([record(["a", "b"], "A")], rounds=50)  # every resample is this one vote
+    assert all(s.ci_low == s.ci_high and not s.has_spread for s in one.standings)
+    assert [s.range_text() for s in one.standings] == ["not enough votes yet"] * 2
+    agreed = rank([record(["a", "b"], "A")] * 30, rounds=50)  # many votes, all alike: still no spread
+    assert [s.range_text() for s in agreed.standings] == ["±0"] * 2
+    mixed = rank(simulate(200, seed=5), rounds=100)
+    assert all(s.has_spread and s.range_text() == f"{s.ci_low:.0f} – {s.ci_high:.0f}" for s in mixed.standings)
+
+    rows = table(one)
+    assert list(rows["Likely range"]) == ["not enough votes yet"] * 2 and "Likely range" in COLUMNS
+    svg = chart(one)
+    assert "(too few votes)" in svg and not re.search(r"(\d+)–\1\b", svg), svg  # never "1131–1131"
+    assert "(±0)" in chart(agreed)
+    assert "Bradley-Terry" not in INTRO and "Bradley-Terry" not in svg and "Bradley-Terry" in HOW
+    assert "95% bootstrap interval" in HOW and "1 votes" not in svg

@@ -1,6 +1,7 @@
 """The Leaderboard tab: presets ranked by every visitor's blind Compare votes, with 95% intervals.
 
-The ranking is chat.leaderboard's (a Bradley-Terry fit with bootstrap intervals); the votes are
+The ranking is chat.leaderboard's (a Bradley-Terry fit with bootstrap intervals, named only in the
+fold "How the ranking works": visitors read what it does); the votes are
 chat.votes'. One `Standings` is shared by every session: it ranks again only when the votes changed
 (a bootstrap takes about half a second of CPU, which the engine would otherwise lose at every
 visitor's refresh), one ranking at a time. Only administrators see and may use Reset.
@@ -20,25 +21,34 @@ import pandas as pd
 from chat import leaderboard, votes
 from chat.admin import NOT_ADMIN, Admins
 from chat.charts import Interval, interval_chart
-from chat.leaderboard import BASE, Leaderboard, rank_async
+from chat.leaderboard import BASE, FEW_VOTES, METHOD, ROUNDS, SCALE, Leaderboard, rank_async
 from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM
 from chat.ui.svg_png import save_png_js
 from chat.votes import VoteStore
 
 INTRO = (
-    "Presets ranked by every visitor's blind votes in **Compare**, as Chatbot Arena ranks models: a "
-    "Bradley-Terry fit (a tie counts half a win each way) with 95% intervals from resampling the votes. "
-    "A gap of 100 points means the higher preset wins about 64% of the time. Presets whose intervals "
-    "overlap share a rank."
+    "Presets ranked by every visitor's blind votes in **Compare**: each vote is a win for the reply picked "
+    "over the others (a tie, or all bad, is half a win each), and every preset gets the rating that best explains who "
+    "beat whom. A gap of 100 points means the higher preset wins about 64% of the time. The likely range "
+    "shows how sure a rating is; presets whose ranges overlap share a rank."
+)
+HOW = (
+    f"The method is Chatbot Arena's: a **{METHOD} model** fitted to the votes by maximum likelihood, "
+    f"every vote split into pairwise battles and a tie counting half a win each way. Ratings are on an "
+    f"Elo-like scale, {BASE:.0f} + {SCALE:.0f} × log10(strength), centred so the average preset is {BASE:.0f}. "
+    f"The likely range is a **95% bootstrap interval**: the votes are drawn again with replacement "
+    f"{ROUNDS:,} times and refitted, and the range holds the middle 95% of those ratings. When every "
+    f"redraw gives the same rating (one vote, or votes that all agree) there is no range to show: with fewer "
+    f"than {FEW_VOTES} votes the table says *not enough votes yet*, with more *±0*. Only blind votes count "
+    "unless you tick the box: once the names are shown, a vote says as much about the names as the replies."
 )
 EMPTY = "No blind votes yet. Compare two presets in the **Compare** tab with **Blind** on and vote: the ranking appears here."
-COLUMNS = ["Rank", "Preset", "Rating", "95% interval", "Votes", "Won · tied · lost", "Win rate",
-           "Median first token (ms)", "Median tokens/s"]
+COLUMNS = ["Rank", "Preset", "Rating", "Likely range", "Votes", "Won · tied · lost", "Win rate",
+           "Replied after, median (s)", "Tokens a second, median"]
 # The votes hold every visitor's prompts and replies: only administrators get them.
 DOWNLOADS = (("leaderboard", "csv", "Table CSV"), ("leaderboard", "json", "Table JSON"))
 ADMIN_DOWNLOADS = (("votes", "csv", "Votes CSV"), ("votes", "json", "Votes JSON"))
-FEW_VOTES = 20  # below this, resampling the votes understates how unsure the ratings are
 KEEP_EXPORTS = 4  # export folders kept (Gradio copies a file into its cache when it sends it)
 
 
@@ -88,12 +98,12 @@ class Standings:
 
 
 def table(board: Leaderboard) -> pd.DataFrame:
-    def ms(value: float | None) -> float | None:
-        return None if value is None else round(value * 1000)
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else round(value, 2)
 
-    rows = [[s.rank, s.preset, round(s.rating), f"{s.ci_low:.0f} – {s.ci_high:.0f}", s.votes,
+    rows = [[s.rank, s.preset, round(s.rating), s.range_text(), s.votes,
              f"{s.wins} · {s.ties} · {s.losses}", "" if s.win_rate is None else f"{s.win_rate:.0%}",
-             ms(s.first_token_median_s), None if s.tokens_per_s_median is None else round(s.tokens_per_s_median, 1)]
+             seconds(s.first_token_median_s), None if s.tokens_per_s_median is None else round(s.tokens_per_s_median, 1)]
             for s in board.standings]
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -111,8 +121,8 @@ def summary(view: View, include_revealed: bool) -> str:
         text += (f" {board.votes_left_out:,} vote{'s' if board.votes_left_out != 1 else ''} cast after the names "
                  "were shown are left out; tick the box to count them too.")
     if board.votes_counted < FEW_VOTES:
-        text += (f" With fewer than {FEW_VOTES} votes the intervals are narrower than the truth (resamples of a few "
-                 "votes hardly differ): read this ranking as a first hint.")
+        text += (f" With fewer than {FEW_VOTES} votes the likely ranges are narrower than the truth (a few votes "
+                 "drawn again hardly differ): read this ranking as a first hint.")
     return text
 
 
@@ -120,11 +130,13 @@ def chart(board: Leaderboard) -> str:
     if not board.standings:
         return ""
     rows = [Interval(s.preset, s.rating, s.ci_low, s.ci_high,
-                     f"{s.preset}: rank {s.rank}, rating {s.rating:.0f} (95% interval {s.ci_low:.0f}–{s.ci_high:.0f}), "
-                     f"{s.votes} votes") for s in board.standings]
-    caption = [f"{board.votes_counted:,} vote{'s' if board.votes_counted != 1 else ''} counted · Bradley-Terry, ties half · 95% intervals from "
-               f"{board.rounds:,} resamples of the votes · made {board.made_at}"]
-    return interval_chart(rows, title="Rating with its 95% interval", axis_title="Rating (average preset = 1000)",
+                     f"{s.preset}: rank {s.rank}, rating {s.rating:.0f} (likely range {s.range_text()}), "
+                     f"{s.votes} vote{'s' if s.votes != 1 else ''}",
+                     note=None if s.has_spread else ("too few votes" if s.votes < FEW_VOTES else "±0"))
+            for s in board.standings]
+    caption = [f"{board.votes_counted:,} vote{'s' if board.votes_counted != 1 else ''} counted · a tie is half a win each · "
+               f"likely ranges from drawing the votes again {board.rounds:,} times · made {board.made_at}"]
+    return interval_chart(rows, title="Rating with its likely range", axis_title="Rating (average preset = 1000)",
                           reference=BASE, reference_label="average", caption=caption)
 
 
@@ -135,6 +147,8 @@ class LeaderboardTab:
     def __init__(self, standings: Standings, admins: Admins, demo: gr.Blocks, page: gr.Tab) -> None:
         self.standings, self.admins = standings, admins
         gr.Markdown(INTRO, elem_id="leaderboard-intro")
+        with gr.Accordion("How the ranking works", open=False, elem_id="leaderboard-how"):
+            gr.Markdown(HOW, elem_id="leaderboard-method")
         with gr.Row():
             self.include_revealed = gr.Checkbox(label="Also count votes cast after the names were shown", value=False,
                                                 elem_id="leaderboard-revealed", scale=3, interactive=True)

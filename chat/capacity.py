@@ -10,9 +10,11 @@
 A step keeps `users` simulated users busy for `step_s` seconds: each sends a prompt, reads the
 reply, and sends the next at once. Its numbers are the ones shown beneath every reply: time to
 first token (percentiles over the replies whose first token came during the step; a reply still
-waiting when the step ended counts with the time it had waited, a lower bound), tokens/s per user
-(the median reply's writing speed) and tokens/s in total (every token written during the step,
-divided by its length). The target "still holds" up to the last step before the first that misses
+waiting when the step ended counts with the time it had waited, a lower bound), the writing speed
+per reply (the median reply's tokens/s after its first token, as beneath every reply) and tokens/s
+in total (every token written during the step, divided by its length). The two speeds measure
+different spans: the total also spends the waits for first tokens and the prompts' reading, so
+with one user it is lower than that user's writing speed; the page labels them so. The target "still holds" up to the last step before the first that misses
 it. No engine and no Gradio here.
 """
 
@@ -49,7 +51,7 @@ class Metric(enum.Enum):
 
     FIRST_TOKEN_P95 = "95th percentile time to first token"
     FIRST_TOKEN_P50 = "median time to first token"
-    TOKENS_PER_S_PER_USER = "tokens/s per user"
+    TOKENS_PER_S_PER_USER = "writing speed per reply (tokens/s)"
 
     @property
     def is_time(self) -> bool:
@@ -137,6 +139,8 @@ def make_plan(presets: Sequence[str] | None, *, max_users: object, step_s: objec
     prompt = _whole(prompt_tokens, "Prompt length", MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
     reply = _whole(reply_tokens, "Reply length", MIN_REPLY_TOKENS, 1_000_000)
     chosen = next((m for m in Metric if metric in (m.value, m.name.lower())), None)
+    if metric == "tokens/s per user":  # the speed target's name before it said what it measures
+        chosen = Metric.TOKENS_PER_S_PER_USER
     if chosen is None:
         raise InputError(f"The target must be one of: {', '.join(m.value for m in Metric)}.")
     if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < 1e7:
@@ -276,13 +280,16 @@ def verdict(preset: str, steps: Sequence[StepResult], target: Target, tested_up_
     miss = next((s for s in mine if not target.met_by(s)), None)
     if best is None:
         assert miss is not None
-        return (f"{preset}: misses “{target.describe()}” even with {miss.users} simulated "
-                f"user{'s' if miss.users != 1 else ''} ({target.say(target.value(miss))}).")
+        return f"{preset}: misses “{target.describe()}” even with {_users(miss.users)} ({target.say(target.value(miss))})."
     if miss is None:
         done = "the most tested" if mine[-1].users >= tested_up_to else "the most tested before the test ended"
-        return f"{preset}: holds “{target.describe()}” up to {best} simulated users ({done})."
-    return (f"{preset}: holds “{target.describe()}” up to {best} simulated users; with {miss.users} it was "
+        return f"{preset}: holds “{target.describe()}” up to {_users(best)} ({done})."
+    return (f"{preset}: holds “{target.describe()}” up to {_users(best)}; with {miss.users} it was "
             f"{target.say(target.value(miss))}.")
+
+
+def _users(n: int) -> str:
+    return f"{n} simulated user{'s' if n != 1 else ''}"
 
 
 # --- the machine, and the exports ------------------------------------------------------------

@@ -75,7 +75,7 @@ class Progress:
             return self.status
         users = f"{self.users} simulated user{'s' if self.users != 1 else ''}"
         line = (f"Step {self.step} of {self.steps}: {self.preset} with {users} · {self.seconds_left:.0f} s left · "
-                f"{self.replies:,} test requests so far.")
+                f"{self.replies:,} test request{'s' if self.replies != 1 else ''} so far.")
         if self.paused:
             line += " Paused: visitors are waiting for the engine, so no new test requests are sent."
         return line
@@ -313,6 +313,10 @@ class CapacityLab:
         if self.lease is not None:
             run.on_done = self.lease.give_back_capacity
         return run
+
+    def busy(self) -> bool:
+        """Whether a test runs, here or in another UI worker (so Stop has something to stop)."""
+        return self.running is not None or (self.lease is not None and self.lease.capacity_elsewhere() is not None)
 
     async def stop(self) -> bool:
         """Stop the test running here or in another UI worker; False when none runs."""

@@ -59,12 +59,16 @@ def test_an_administrator_runs_a_capacity_test_while_other_pages_say_so(signed_i
     for selector, value in (("#capacity-users", "2"), ("#capacity-step", "3"), ("#capacity-prompt", "32"),
                             ("#capacity-reply", "16")):
         set_number(page, f"{selector} input[type=number]", value)
+    # Nothing to stop and no chart to save yet.
+    assert page.locator("#capacity-stop").is_disabled() and page.locator("#capacity-png").is_disabled()
     page.locator("#capacity-run").click()
     page.wait_for_function("document.querySelector('#capacity-progress')?.innerText.includes('Step 1 of 2')")
+    page.wait_for_function("!document.querySelector('#capacity-stop').disabled")  # a test runs: Stop can end it
     guest.locator("#capacity-banner").wait_for(state="visible", timeout=15_000)  # the banner looks every 5 s
     assert "A capacity test is running on SmolLM2 135M (CPU)" in guest.locator("#capacity-banner").inner_text()
     page.wait_for_function("document.querySelector('#capacity-progress')?.innerText.includes('The capacity test finished')",
                            timeout=60_000)
+    page.wait_for_function("document.querySelector('#capacity-stop').disabled && !document.querySelector('#capacity-png').disabled")
     verdicts = page.locator("#capacity-verdicts").inner_text()
     assert verdicts.startswith(f"{PRESET}: ") and "95th percentile time to first token under 800 ms" in verdicts, verdicts
     rows = [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
@@ -74,6 +78,8 @@ def test_an_administrator_runs_a_capacity_test_while_other_pages_say_so(signed_i
     assert all(row[2] in ("yes", "no") and float(row[4]) >= float(row[3]) > 0 and float(row[6]) > 0 for row in rows), rows
     texts = page.locator("#capacity-chart svg text").all_text_contents()
     assert "target 800 ms" in texts and any("cores" in text for text in texts)
+    assert "Writing speed per reply" in texts and "All users together" in texts
+    assert "1 simulated users" not in verdicts and "1 simulated users" not in " ".join(texts)
     page.screenshot(path=str(OUTPUT / "capacity.png"), full_page=True)
 
     with page.expect_download() as download:

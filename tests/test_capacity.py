@@ -55,8 +55,9 @@ def test_the_default_target_is_the_seed_articles_800_ms_at_the_95th_percentile()
     target = plan().target
     assert target == Target(Metric.FIRST_TOKEN_P95, 0.8)
     assert target.describe() == "95th percentile time to first token under 800 ms"
-    speed = plan(metric="tokens/s per user", limit=12).target
-    assert speed.describe() == "tokens/s per user at least 12" and speed.limit == 12
+    speed = plan(metric="writing speed per reply (tokens/s)", limit=12).target
+    assert speed.describe() == "writing speed per reply (tokens/s) at least 12" and speed.limit == 12
+    assert plan(metric="tokens/s per user", limit=12).target == speed  # the old name, for API callers
 
 
 @pytest.mark.parametrize(("presets", "values", "message"), [
@@ -71,7 +72,7 @@ def test_the_default_target_is_the_seed_articles_800_ms_at_the_95th_percentile()
     (["a"], {"prompt_tokens": 5000}, "Prompt length must be from 8 to 4,096; it was 5,000."),
     (["a"], {"reply_tokens": 1}, "Reply length must be from 2 to 1,000,000; it was 1."),
     (["a"], {"metric": "vibes"}, "The target must be one of: 95th percentile time to first token, "
-                                 "median time to first token, tokens/s per user."),
+                                 "median time to first token, writing speed per reply (tokens/s)."),
     (["a"], {"limit": -1}, "The target's value must be a positive number."),
     (["a", "b"], {"max_users": 64, "step_s": 120}, "This test would take 28 minutes; the limit is 20. "
                                                     "Use fewer users, fewer presets or shorter steps."),
@@ -109,6 +110,20 @@ def test_a_step_measures_first_tokens_speeds_and_tokens_within_its_time():
     assert result.errors == ("The demo is busy, try again in a moment.",)
 
 
+def test_one_users_writing_speed_is_above_the_total_because_the_total_counts_the_waits_too():
+    # The page once showed "Tokens/s per user 22.6" beside "in total 14" for one user: the first is
+    # the speed while a reply is written, the second spreads the same tokens over the whole step.
+    tally = StepTally("fast", users=1, started=0.0, ends=10.0)
+    for sent in (0.0, 5.0):  # two replies of 21 tokens: 1 s to the first token, then 20 more in 2 s
+        request = tally.sent(sent)
+        tally.finished(request, 21, sent + 1.0, sent + 3.0, 10.0, 64)
+    result = tally.result(now=10.0)
+    assert result.tokens_per_s_per_user == 10.0 and result.tokens_per_s_total == pytest.approx(4.2)
+    frame = table(Report(plan(), {}, {}, (result,), "2026-11-30T12:00:00+00:00", "finished"))
+    assert list(frame["Writing speed per reply (tokens/s, median)"]) == [10.0]
+    assert list(frame["All users together (tokens/s over the step)"]) == [4.2]
+
+
 def test_a_request_still_waiting_at_the_end_counts_with_the_time_it_waited():
     tally = StepTally("slow", users=2, started=0.0, ends=10.0)
     tally.wrote(tally.sent(0.0), 1, 0.4, 0.4)
@@ -137,6 +152,10 @@ def test_verdicts_say_how_many_users_a_preset_serves_within_the_target():
     assert verdict("fast", [step(1, 1.2)], target, 4) == (
         "fast: misses “95th percentile time to first token under 800 ms” even with 1 simulated user (1,200 ms).")
     assert verdict("slow", [step(1, 0.2)], target, 4) == "slow: not tested."
+    assert verdict("fast", [step(1, 0.2), step(2, 0.9)], target, 2) == (
+        "fast: holds “95th percentile time to first token under 800 ms” up to 1 simulated user; with 2 it was 900 ms.")
+    assert verdict("fast", [step(1, 0.2)], target, 1) == (
+        "fast: holds “95th percentile time to first token under 800 ms” up to 1 simulated user (the most tested).")
 
 
 def report() -> Report:
@@ -161,6 +180,9 @@ def test_the_exports_carry_presets_settings_machine_versions_and_every_step():
     frame = table(report())
     assert list(frame["Meets target"]) == ["yes", "yes", "yes", "no", "yes", "no"]
     assert list(frame["95th percentile first token (ms)"])[:2] == [200, 500]
+    # The two speeds measure different spans, and their names say which.
+    assert "Writing speed per reply (tokens/s, median)" in frame and "All users together (tokens/s over the step)" in frame
+    assert "Tokens/s per user" not in frame
 
 
 def test_the_capacity_chart_is_svg_with_both_presets_the_target_and_the_caption():
@@ -168,6 +190,7 @@ def test_the_capacity_chart_is_svg_with_both_presets_the_target_and_the_caption(
     root = ET.fromstring(svg)
     texts = [t.text for t in root.iter(f"{SVG}text")]
     assert "target 800 ms" in texts and "fast" in texts and "slow" in texts
+    assert "Writing speed per reply" in texts and "All users together" in texts and "Tokens/s per user" not in texts
     assert any(t and t.startswith("fast: holds") for t in texts)  # the verdicts are printed on the image
     assert any(t and "cores" in t for t in texts)  # and the machine
     assert len(root.findall(f".//{SVG}polyline")) >= 6
@@ -190,3 +213,4 @@ def test_the_synthetic_prompt_is_about_the_length_asked_and_unique_per_request()
     assert Progress(2, 6, "fast", 4, 12.4, 30, paused=True).line() == (
         "Step 2 of 6: fast with 4 simulated users · 12 s left · 30 test requests so far. "
         "Paused: visitors are waiting for the engine, so no new test requests are sent.")
+    assert Progress(1, 2, "fast", 1, 3.0, 1).line() == "Step 1 of 2: fast with 1 simulated user · 3 s left · 1 test request so far."

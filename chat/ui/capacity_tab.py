@@ -41,14 +41,19 @@ log = logging.getLogger(__name__)
 INTRO = (
     "Simulated users send the same kind of prompt to a preset, each sending the next as soon as its reply "
     "ends: 1 user, then 2, 4, … up to the most you choose, for a set time each. You get each step's time to "
-    "first token (median and 95th percentile) and tokens/s per user and in total, and the most users for "
-    "which your target still holds. Visitors go first: the test never takes a quarter of the engine's slots, "
+    "first token (median and 95th percentile), two speeds, and the most users for which your target still "
+    "holds. The **writing speed per reply** is what a user sees while a reply is written (tokens/s after its "
+    "first token, the median reply's); **all users together** counts every token of the step over its whole "
+    "length, waits for first tokens included, so with one user it is lower than that user's writing speed. "
+    "Visitors go first: the test never takes a quarter of the engine's slots, "
     "sends nothing new while a visitor waits, and its requests are served last where the preset uses "
     "priority scheduling. Everyone sees a note while a test runs."
 )
 NONE = "(none)"
+SPEED_PER_REPLY = "Writing speed per reply (tokens/s, median)"
+SPEED_TOTAL = "All users together (tokens/s over the step)"
 COLUMNS = ["Preset", "Simulated users", "Meets target", "Median first token (ms)", "95th percentile first token (ms)",
-           "Tokens/s per user", "Tokens/s in total", "Replies", "Failed"]
+           SPEED_PER_REPLY, SPEED_TOTAL, "Replies", "Failed"]
 
 
 def table(report: Report) -> pd.DataFrame:
@@ -98,9 +103,9 @@ def chart(report: Report) -> str:
     panels = [
         Panel("Time to first token", "ms (solid: 95th percentile)", first, time_rule,
               f"target {time_rule:,.0f} ms" if time_rule else ""),
-        Panel("Tokens/s per user", "median reply's writing speed", speed,
+        Panel("Writing speed per reply", "tokens/s after the first token, median reply", speed,
               None if target.metric.is_time else target.limit, "" if target.metric.is_time else f"target {target.limit:g}"),
-        Panel("Tokens/s in total", "all simulated users together", total),
+        Panel("All users together", "tokens/s over the whole step, waits included", total),
     ]
     return line_panels(panels, xs, title="Capacity: latency and speed against simulated users", x_title="simulated users",
                        legend=Legend(tuple(legend)), caption=[*report.caption(), *report.verdicts()])
@@ -137,7 +142,8 @@ class CapacityTab:
                                      elem_id="capacity-limit")
         with gr.Row():
             self.run_button = gr.Button("Run the capacity test", variant="primary", elem_id="capacity-run")
-            self.stop_button = gr.Button("Stop", variant="stop", elem_id="capacity-stop")
+            # Stop is for a running test only, and the chart's PNG for a drawn chart: both start disabled.
+            self.stop_button = gr.Button("Stop", variant="stop", interactive=False, elem_id="capacity-stop")
         self.progress = gr.Markdown(elem_id="capacity-progress")
         self.verdicts = gr.Markdown(elem_id="capacity-verdicts")
         self.table = gr.Dataframe(pd.DataFrame(columns=COLUMNS), interactive=False, show_label=False,
@@ -146,11 +152,11 @@ class CapacityTab:
         with gr.Row():
             self.csv = gr.DownloadButton("Download CSV", interactive=False, size="sm", elem_id="capacity-export-csv")
             self.json = gr.DownloadButton("Download JSON", interactive=False, size="sm", elem_id="capacity-export-json")
-            save = gr.Button("Download chart PNG", size="sm", elem_id="capacity-png")
-        save.click(None, js=save_png_js("capacity-chart", "capacity.png"))
+            self.save = gr.Button("Download chart PNG", size="sm", interactive=False, elem_id="capacity-png")
+        self.save.click(None, js=save_png_js("capacity-chart", "capacity.png"))
         inputs = [self.preset, self.other, self.users, self.step_s, self.prompt_tokens, self.reply_tokens, self.metric,
                   self.limit]
-        outputs = [self.progress, self.verdicts, self.table, self.chart, self.csv, self.json]
+        outputs = [self.progress, self.verdicts, self.table, self.chart, self.csv, self.json, self.stop_button, self.save]
         self.run_button.click(self.run, inputs, outputs, api_name="capacity", api_visibility="undocumented",
                               concurrency_limit=None, show_progress="hidden")
         self.stop_button.click(self.stop, None, [self.progress], api_name="capacity_stop", api_visibility="undocumented",
@@ -168,11 +174,13 @@ class CapacityTab:
                              reply_tokens=reply_tokens, metric=metric, limit=limit)
             run = await self.lab.begin(plan, by=request.username or "")
         except ChatError as exc:
-            yield {self.progress: f"{PROBLEM} {exc.message}"}
+            # Refused because a test already runs (here or in another worker): Stop can end that one.
+            yield {self.progress: f"{PROBLEM} {exc.message}", self.stop_button: gr.Button(interactive=self.lab.busy())}
             return
         yield {self.progress: run.progress.line(), self.verdicts: "", self.table: pd.DataFrame(columns=COLUMNS),
                self.chart: "", self.csv: gr.DownloadButton(value=None, interactive=False),
-               self.json: gr.DownloadButton(value=None, interactive=False)}
+               self.json: gr.DownloadButton(value=None, interactive=False),
+               self.stop_button: gr.Button(interactive=True), self.save: gr.Button(interactive=False)}
         shown = 0
         try:
             async for progress in run.run():
@@ -180,7 +188,8 @@ class CapacityTab:
                 if len(run.steps) != shown:
                     shown = len(run.steps)
                     report = run.report()
-                    update.update({self.table: table(report), self.chart: chart(report)})
+                    drawn = chart(report)
+                    update.update({self.table: table(report), self.chart: drawn, self.save: gr.Button(interactive=bool(drawn))})
                 yield update
         except Exception:
             log.exception("The capacity test failed")
@@ -189,14 +198,16 @@ class CapacityTab:
 
     def finished(self, run: CapacityRun) -> dict[Any, Any]:
         report = run.report()
+        drawn = chart(report)
         folder = new_folder("capacity")
         (folder / "capacity.csv").write_text(report.to_csv(), encoding="utf-8", newline="")
         (folder / "capacity.json").write_text(report.to_json(), encoding="utf-8")
         line = f"The capacity test {report.ended}: {len(report.steps)} step{'s' if len(report.steps) != 1 else ''} measured."
         return {self.progress: line if report.ended == "finished" or report.steps else f"{PROBLEM} The capacity test {report.ended}.",
-                self.verdicts: verdicts(report), self.table: table(report), self.chart: chart(report),
+                self.verdicts: verdicts(report), self.table: table(report), self.chart: drawn,
                 self.csv: gr.DownloadButton(value=str(folder / "capacity.csv"), interactive=True),
-                self.json: gr.DownloadButton(value=str(folder / "capacity.json"), interactive=True)}
+                self.json: gr.DownloadButton(value=str(folder / "capacity.json"), interactive=True),
+                self.stop_button: gr.Button(interactive=False), self.save: gr.Button(interactive=bool(drawn))}
 
     async def stop(self, request: gr.Request) -> str:  # async: stopping aborts on the server's event loop
         if not self.admins.allows_request(request):

@@ -75,6 +75,7 @@ class Interval:
     low: float
     high: float
     detail: str = ""  # shown when the row is hovered
+    note: str | None = None  # said instead of "(low–high)" beside the value, e.g. when the interval has no width
 
 
 def interval_chart(rows: Sequence[Interval], *, title: str, axis_title: str, reference: float | None = None,
@@ -111,7 +112,8 @@ def interval_chart(rows: Sequence[Interval], *, title: str, axis_title: str, ref
         for end in (row.low, row.high):
             body.append(f'<line x1="{x(end):.1f}" y1="{y - 6:.1f}" x2="{x(end):.1f}" y2="{y + 6:.1f}" stroke="{colour}" stroke-width="2"/>')
         body.append(f'<circle cx="{x(row.value):.1f}" cy="{y:.1f}" r="5.5" fill="{colour}" stroke="#ffffff" stroke-width="1.5"/>')
-        body.append(_text(width - right + 12, y + 4, f"{row.value:.0f} ({row.low:.0f}–{row.high:.0f})", size=11, cls="value"))
+        spread = row.note if row.note is not None else f"{row.low:.0f}–{row.high:.0f}"
+        body.append(_text(width - right + 12, y + 4, f"{row.value:.0f} ({spread})", size=11, cls="value"))
         body.append("</g>")
     body += _caption(caption, 16, bottom + 58)
     return _svg(width, height, body, title)

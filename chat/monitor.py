@@ -2,7 +2,12 @@
 
 One sampler per process (started with the server) reads each loaded engine's view from the
 registry: its scheduler's load and the recent first-token times, for the whole app. `Monitor.charts()` shapes them into what a person reads (axis
-titles in words, values rounded, a time axis that spans the whole window); the UI only draws it.
+titles in words, values rounded, a time axis that spans the whole window, and a break in a line
+wherever it has no data, instead of a straight line across idle minutes); the UI only draws it.
+
+Presets that share an engine (they differ only in sampling, as Compare's two SmolLM2 presets do)
+have one engine view, named after the preset that started it: the load is that engine's, but each
+preset's first-token times get a line of their own, so a preset used only in Compare shows too.
 """
 
 from __future__ import annotations
@@ -14,18 +19,19 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from chat import metrics
 from chat.engine import EngineState
-from chat.registry import EngineRegistry
+from chat.registry import FIRST_TOKENS_WINDOW_S, EngineRegistry, first_token_percentiles
 
 
 @dataclass(frozen=True)
 class Sample:
     at: float  # wall clock, for the charts' time axis
     preset: str
-    tokens_per_s: float
-    running: int
-    waiting: int
-    kv_cache_percent: float
+    tokens_per_s: float | None  # the load is None for a preset sharing another's engine (its view has it)
+    running: int | None
+    waiting: int | None
+    kv_cache_percent: float | None
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
 
@@ -69,16 +75,16 @@ class ChartData:
     """What one chart draws: (time, preset, value) points and the limits of both axes."""
 
     chart: Chart
-    points: list[tuple[float, str, float | int]]  # wall-clock seconds, preset name, rounded value
+    points: list[tuple[float, str, float | int | None]]  # wall-clock seconds, preset name, rounded value; None breaks the line
     x_lim: tuple[float, float]  # wall-clock seconds
     y_lim: tuple[float, float]
 
     @property
     def note(self) -> str | None:
         """A sentence under the chart when its lines cannot show yet (a line needs two points)."""
-        if not self.points:
+        per_preset = Counter(preset for _, preset, value in self.points if value is not None)
+        if not per_preset:
             return self.chart.empty
-        per_preset = Counter(preset for _, preset, _ in self.points)
         if max(per_preset.values()) < 2:
             return "One sample so far: the line appears with the next one, in a few seconds."
         return None
@@ -102,18 +108,33 @@ def time_axis(now: float, window_s: float) -> tuple[float, float]:
     return end - 60 * math.ceil(window_s / 60) - 60, end
 
 
-def chart_data(samples: Iterable[Sample], chart: Chart, now: float, window_s: float) -> ChartData:
-    points = [
-        (s.at, s.preset, chart.rounded(value))
-        for s in samples
-        if (value := getattr(s, chart.field)) is not None and s.at >= now - window_s
-    ]
-    return ChartData(chart, points, time_axis(now, window_s), (0.0, chart.y_top(v for _, _, v in points)))
+GAP_S = 6.0  # samples of a preset further apart than this (three sampling intervals) leave a gap between them
+
+
+def chart_data(samples: Iterable[Sample], chart: Chart, now: float, window_s: float, gap_s: float = GAP_S) -> ChartData:
+    """The chart's points, each preset's in time order. Where a preset has no value (no reply started
+    in the last minute) or no sample (its engine was asleep or gone), a None point breaks its line:
+    the chart draws nothing there rather than a straight line from the last value to the next."""
+    series: dict[str, list[tuple[float, float | int | None]]] = {}
+    for s in sorted(samples, key=lambda s: s.at):
+        if s.at >= now - window_s:
+            value = getattr(s, chart.field)
+            series.setdefault(s.preset, []).append((s.at, None if value is None else chart.rounded(value)))
+    points: list[tuple[float, str, float | int | None]] = []
+    for preset, values in series.items():
+        if all(value is None for _, value in values):
+            continue  # nothing of this preset on this chart (a shared engine's load is on its own line)
+        for i, (at, value) in enumerate(values):
+            if i and at - values[i - 1][0] > gap_s:
+                points.append(((values[i - 1][0] + at) / 2, preset, None))
+            points.append((at, preset, value))
+    drawn = (value for _, _, value in points if value is not None)
+    return ChartData(chart, points, time_axis(now, window_s), (0.0, chart.y_top(drawn)))
 
 
 def is_quiet(samples: Iterable[Sample]) -> bool:
     """True when no reply was written or waiting in these samples: nothing worth a chart."""
-    return not any(s.running or s.waiting or s.tokens_per_s > 0 or s.ttft_p50_ms is not None for s in samples)
+    return not any(s.running or s.waiting or (s.tokens_per_s or 0) > 0 or s.ttft_p50_ms is not None for s in samples)
 
 
 def window_words(window_s: float) -> str:
@@ -138,9 +159,8 @@ class Monitor:
 
     def sample(self) -> None:
         now, wall = time.monotonic(), time.time()
-        for view in self.registry.overview(first_tokens=True):
-            if view.state != EngineState.READY.value:
-                continue
+        views = [view for view in self.registry.overview(first_tokens=True) if view.state == EngineState.READY.value]
+        for view in views:
             before = self._last_tokens.get(view.key)
             self._last_tokens[view.key] = (now, view.generated_tokens)
             rate = 0.0 if before is None else max(view.generated_tokens - before[1], 0) / max(now - before[0], 1e-6)
@@ -156,6 +176,14 @@ class Monitor:
                     ttft_p95_ms=_ms(view.ttft_p95_s),
                 )
             )
+        # A preset sharing an engine with the one that started it has no view: the engine's view
+        # carries only that preset's first tokens. These come from this process's replies (every
+        # reply, with one UI worker; with several, each worker's own).
+        named = {view.preset for view in views}
+        recent = list(metrics.RECENT_FIRST_TOKENS)
+        for preset in sorted({name for at, name, _ in recent if now - at <= FIRST_TOKENS_WINDOW_S} - named):
+            p50, p95 = first_token_percentiles(recent, preset, now)
+            self.samples.append(Sample(wall, preset, None, None, None, None, _ms(p50), _ms(p95)))
 
     def recent(self) -> list[Sample]:
         cutoff = time.time() - self.window_s

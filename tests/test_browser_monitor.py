@@ -1,4 +1,5 @@
-"""The Monitor tab in a real browser: words on the axes, and the reader's own clock."""
+"""The Monitor tab in a real browser: words on the axes, the reader's own clock, and lines that
+break where there is no data."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.conftest import OUTPUT
+from chat.stats import REPLIED
+from tests.conftest import OUTPUT, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -25,7 +27,7 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
         box = page.locator("#message textarea")
         box.fill("Say hello in five words.")
         box.press("Enter")
-        page.locator(REPLY_TITLE).filter(has_text="first token").first.wait_for(timeout=90_000)
+        page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
 
         page.get_by_role("tab", name="Monitor").click()
         charts = page.locator("#monitor-charts")
@@ -47,3 +49,40 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
     finally:
         context.close()
 
+
+
+def test_a_monitor_line_breaks_in_the_browser_where_the_data_has_a_gap(browser):
+    """The chart library (Vega-Lite in Gradio's plot) breaks a line at a null value; our gap points
+    are those nulls. One line with a gap in the middle must be drawn as two pieces."""
+    import gradio as gr
+
+    from chat.monitor import CHARTS, Sample, chart_data
+    from chat.ui.monitor_tab import PRESET, TIME, frame
+
+    now = 29_833_333 * 60 + 17.0
+    ttft = next(chart for chart in CHARTS if chart.field == "ttft_p50_ms")
+
+    def at(ago: float, p50: float | None) -> Sample:
+        return Sample(now - ago, "Tiny", 1.0, 1, 0, 1.0, p50, p50)
+
+    joined = chart_data([at(250, 1200.0), at(248, 1200.0), at(100, 300.0), at(98, 300.0)], ttft, now, 300, gap_s=1e9)
+    broken = chart_data([at(250, 1200.0), at(248, 1200.0), at(100, 300.0), at(98, 300.0)], ttft, now, 300)
+    with gr.Blocks() as demo:
+        for name, data in (("joined", joined), ("broken", broken)):
+            gr.LinePlot(frame(data), x=TIME, y=ttft.y_title, color=PRESET, x_lim=list(data.x_lim), y_lim=list(data.y_lim),
+                        elem_id=f"plot-{name}")
+    port = free_port()
+    demo.launch(server_port=port, prevent_thread_lock=True, quiet=True)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        pieces = {}
+        for name in ("joined", "broken"):
+            line = page.locator(f"#plot-{name} svg path[aria-roledescription='line mark']")
+            line.first.wait_for()
+            d = line.first.get_attribute("d") or ""
+            pieces[name] = d.count("M")  # each piece of a path starts with a move
+        assert pieces == {"joined": 1, "broken": 2}, pieces
+    finally:
+        page.close()
+        demo.close()

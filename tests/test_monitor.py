@@ -70,9 +70,35 @@ def test_the_time_axis_spans_whole_minutes_around_the_window_even_with_one_point
     assert time_axis(NOW + 30, 300) == (start, end), "the axis moves once a minute, not on every refresh"
 
 
-def test_old_samples_and_missing_values_are_left_out():
+def test_old_samples_are_left_out_and_missing_values_break_the_line():
     data = chart_data([sample(301), sample(10, p50=None), sample(5)], BY_FIELD["ttft_p50_ms"], NOW, 300)
-    assert [at for at, _, _ in data.points] == [NOW - 5]
+    assert [(at, value) for at, _, value in data.points] == [(NOW - 10, None), (NOW - 5, 721)]
+
+
+def test_a_line_breaks_across_idle_minutes_instead_of_joining_them():
+    ttft = BY_FIELD["ttft_p50_ms"]
+    # Replies, then two idle minutes (no reply started: no median), then replies again.
+    busy_then_idle = [sample(250, p50=1200.0), sample(248, p50=1200.0),
+                      *(sample(ago, p50=None) for ago in range(246, 120, -2)), sample(100, p50=300.0), sample(98, p50=300.0)]
+    points = chart_data(busy_then_idle, ttft, NOW, 300).points
+    values = [value for _, _, value in points]
+    assert values[:2] == [1200, 1200] and values[-2:] == [300, 300] and set(values[2:-2]) == {None}
+    # No sample at all for minutes (the engine was asleep): a None point between the two runs.
+    asleep = chart_data([sample(250), sample(248), sample(100), sample(98)], ttft, NOW, 300).points
+    assert [value for _, _, value in asleep] == [721, 721, None, 721, 721]
+    assert asleep[2][0] == NOW - 174, "the gap sits between the last sample before and the first after"
+    # Samples at the sampling interval (2 s, a little late at times) are one line.
+    steady = chart_data([sample(ago + 0.5 * (ago % 3)) for ago in range(60, 0, -2)], ttft, NOW, 300).points
+    assert None not in [value for _, _, value in steady]
+
+
+def test_each_preset_gets_its_own_gaps_and_a_preset_without_load_stays_off_the_load_charts():
+    shared = Sample(NOW - 10, "Deterministic", None, None, None, None, 400.0, 450.0)
+    samples = [sample(12, "Tiny"), shared, sample(8, "Tiny"), Sample(NOW - 6, "Deterministic", None, None, None, None, 410.0, 460.0)]
+    ttft = chart_data(samples, BY_FIELD["ttft_p50_ms"], NOW, 300)
+    assert [(p, v) for _, p, v in ttft.points] == [("Tiny", 721), ("Tiny", 721), ("Deterministic", 400), ("Deterministic", 410)]
+    load = chart_data(samples, BY_FIELD["running"], NOW, 300)
+    assert {p for _, p, _ in load.points} == {"Tiny"}
 
 
 def test_a_chart_says_why_it_has_no_line_yet():
@@ -82,6 +108,7 @@ def test_a_chart_says_why_it_has_no_line_yet():
     assert chart_data([sample(4), sample(2)], ttft, NOW, 300).note is None
     two_presets = chart_data([sample(4, "A"), sample(4, "B"), sample(2, "A")], ttft, NOW, 300)
     assert two_presets.note is None
+    assert chart_data([sample(6, p50=None), sample(4, p50=None)], ttft, NOW, 300).note == "No reply started in the last minute."
 
 
 def test_nothing_happened_in_the_window_gives_one_plain_sentence_instead_of_flat_lines():
@@ -106,6 +133,16 @@ def test_the_frame_names_its_columns_in_words_and_sends_times_the_browser_shows_
     assert sent.data == [[(NOW - 10) * 1000, "Tiny", 721], [(NOW - 8) * 1000, "Tiny", 721]]
 
 
+def test_a_gap_is_sent_to_the_browser_as_null_in_whole_and_decimal_charts():
+    import gradio as gr
+
+    for field, y in (("running", "Replies"), ("ttft_p50_ms", "Milliseconds"), ("tokens_per_s", "Tokens per second")):
+        data = chart_data([sample(250), sample(248), sample(100)], BY_FIELD[field], NOW, 300)
+        sent = gr.LinePlot(x=TIME, y=y, color=PRESET).postprocess(frame(data))
+        assert [row[2] is None for row in sent.data] == [False, False, True, False], (field, sent.data)
+        assert sent.datatypes[y] == "quantitative"
+
+
 def test_an_empty_frame_keeps_its_column_types():
     import gradio as gr
 
@@ -124,3 +161,26 @@ def test_updates_show_the_note_alone_when_quiet_and_the_charts_otherwise():
     assert note.visible is False and column.visible is True
     assert [plot.y_lim for plot in plots] == [[0, 20], [0, 5], [0, 5], [0, 100], [0, 1000], [0, 1000]]
     assert all(plot.x_lim[1] - plot.x_lim[0] == 360 and plot.caption is None for plot in plots)
+
+
+@pytest.mark.engine
+async def test_a_preset_sharing_another_presets_engine_gets_its_own_first_token_line(registry, engine, default_preset):
+    """Compare's two SmolLM2 presets share one engine, whose view is named after the preset that
+    started it: the other one (used only in Compare, say) was missing from the Monitor."""
+    from chat.presets import load_presets
+    from chat.service import ChatService, Finished, ReplyRequest
+
+    presets = load_presets()
+    other = next(p for p in presets.presets.values() if p.engine_key == default_preset.engine_key and p is not default_preset)
+    service = ChatService(presets, registry, default_preset.name)
+    monitor = Monitor(registry)
+    for name in (default_preset.name, other.name):
+        events = [event async for event in service.reply(ReplyRequest("Say yes.", preset=name, sampling={"max_tokens": 2}))]
+        assert isinstance(events[-1], Finished)
+    monitor.sample()
+    monitor.sample()
+    charts = monitor.charts()
+    assert charts is not None
+    by_chart = {data.chart.field: {preset for _, preset, value in data.points if value is not None} for data in charts}
+    assert by_chart["ttft_p50_ms"] == by_chart["ttft_p95_ms"] == {default_preset.name, other.name}
+    assert by_chart["running"] == {default_preset.name}, "the engine's load is drawn once, under the engine's name"

@@ -19,12 +19,14 @@ CLOCK = "%-I:%M:%S %p"
 
 
 def frame(data: ChartData) -> pd.DataFrame:
-    """The chart's points as the plot takes them: columns named in words, times as datetimes (UTC)."""
+    """The chart's points as the plot takes them: columns named in words, times as datetimes (UTC), a
+    gap as null (Vega-Lite breaks a line at an invalid value: its mark.invalid default since 5.19)."""
     times, presets, values = zip(*data.points, strict=True) if data.points else ((), (), ())
     return pd.DataFrame({
         TIME: pd.to_datetime(pd.Series(times, dtype="float64"), unit="s"),
         PRESET: pd.Series(presets, dtype="string"),
-        data.chart.y_title: pd.Series(values, dtype="int64" if data.chart.digits == 0 else "float64"),
+        # Nullable: a missing value is sent as null, where the chart breaks its line.
+        data.chart.y_title: pd.Series(values, dtype="Int64" if data.chart.digits == 0 else "float64"),
     })
 
 

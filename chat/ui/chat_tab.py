@@ -18,7 +18,7 @@ from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest, Writing
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
-from chat.ui.gradio_internals import chat_parts
+from chat.ui.gradio_internals import ChatParts, chat_parts
 from chat.ui.live import LiveText, is_browser
 from chat.ui.messages import conversation_file, event_messages
 from chat.ui.preset_card import preset_card
@@ -226,6 +226,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     save_button.click(
         lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
     )
+    reopen_where_left(chat, chatbot, parts)
     previous = gr.State(default.name)  # the preset before a switch: which settings the person changed
     settings.preset.change(
         on_preset_change,
@@ -234,6 +235,27 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
          *([chatbot] if switch_examples else [])],
         **internal,
     ).then(warm_up, [settings.preset], [status], **internal)
+
+
+def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatParts) -> None:
+    """A reload puts the page back in the conversation it showed, with its stats: which saved chat
+    that was is kept in the browser beside the saved chats themselves (none after New chat)."""
+    # In a dict: the page stores no false value (0, the newest chat, included).
+    shown = gr.BrowserState({"index": None}, storage_key="chat_shown_conversation")
+    quiet = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+    # Every save (a reply, retry, edit, undo, an example) changes the saved chats, and with them
+    # which one is shown; so do New chat and picking a saved chat, without saving.
+    parts.saved.change(lambda index: {"index": index}, [parts.conversation_id], [shown], **quiet)
+    chat.new_chat_button.click(lambda: {"index": None}, None, [shown], **quiet)
+    chat.chat_history_dataset.click(lambda index: {"index": index}, [chat.chat_history_dataset], [shown], **quiet)
+
+    def reopen(shown: Any, saved: Any) -> tuple[Any, Any, Any]:
+        index = shown.get("index") if isinstance(shown, dict) else None
+        if not isinstance(index, int) or not isinstance(saved, list) or not 0 <= index < len(saved) or not saved[index]:
+            return gr.skip(), gr.skip(), gr.skip()
+        return index, saved[index], saved[index]
+
+    chat.load(reopen, [shown, parts.saved], [parts.conversation_id, chatbot, parts.history], **quiet)
 
 
 def name_knob_parameters(fn: Callable[..., Any]) -> None:

@@ -112,6 +112,7 @@ def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(b
         found["Monitor, with charts"] = problems(page)
 
         open_tab(page, "Compare")
+        page.locator("#compare-blind input").uncheck()  # the stats and their charts show without a vote
         prompt = page.locator("#compare-prompt textarea")
         prompt.fill("Name a fruit.")
         prompt.press("Enter")
@@ -157,5 +158,15 @@ def test_the_chat_works_from_the_keyboard_alone(browser, app_server):
         page.wait_for_function("(before) => document.querySelector('#preset input').value !== before", arg=before)
         chosen = page.locator("#preset input").input_value()
         page.locator("#title").filter(has_text=chosen).wait_for()
+
+        # From the top of the page, the first Tab offers the way to the message box.
+        page.get_by_role("tab", name="Leaderboard").click()
+        page.evaluate("document.activeElement?.blur()")
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.id") == "skip-to-message"
+        assert page.locator("#skip-to-message").is_visible()
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.activeElement === document.querySelector('#message textarea')")
+        assert page.get_by_role("button", name="Send message").is_visible()
     finally:
         context.close()

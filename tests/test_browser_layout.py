@@ -30,6 +30,19 @@ def covered_by(page, selector: str) -> str:
     )
 
 
+# Visible elements whose right edge passes the screen's (a control reachable only by scrolling sideways).
+PAST_THE_EDGE = """(root) => [...document.querySelectorAll(root + ' *')]
+    .filter((e) => e.checkVisibility() && !e.closest('.table-wrap, .vega-embed'))
+    .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+    .map((e) => e.tagName + '#' + e.id + '.' + String(e.className).slice(0, 40))"""
+
+
+def on_first_screen(page, selector: str) -> bool:
+    box = page.locator(selector).bounding_box()
+    size = page.viewport_size
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= size["height"] and box["x"] + box["width"] <= size["width"]
+
+
 def open_tab(page, name: str) -> None:
     """Click a tab, from Gradio's overflow menu if the tab row has no room for it."""
     tab = page.get_by_role("tab", name=name)
@@ -56,8 +69,14 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
         saved_chats = page.locator("#saved-chats")
         assert saved_chats.evaluate("e => getComputedStyle(e).maxHeight") != "none", "a short list of saved chats"
         assert not page.locator(CHAT_SETTINGS).is_visible()
+        tabs = page.get_by_role("tab").all()
+        assert len({round(tab.bounding_box()["y"]) for tab in tabs}) == 1, "the tabs sit on one row"
         page.locator("#settings-open").click()
         page.locator(CHAT_SETTINGS).wait_for(state="visible")
+        assert on_first_screen(page, "#settings-done")
+        page.locator("#knob-max_tokens").scroll_into_view_if_needed()
+        assert page.evaluate(PAST_THE_EDGE, "#chat-settings") == [], "every setting within the screen's width"
+        assert on_first_screen(page, "#knob-max_tokens input[type=number]")
     assert page.locator(CHAT_SETTINGS).is_visible()
     page.locator("#knob-max_tokens input[type=number]").fill("12")  # a short reply
     page.locator("#knob-max_tokens input[type=number]").press("Tab")
@@ -83,5 +102,11 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
         assert not page.locator("#stop").is_visible()
         page.screenshot(path=str(OUTPUT / f"layout-{device}-{tab.lower()}.png"))
     open_tab(page, "Compare")
-    assert page.locator("#compare-prompt textarea").is_visible()
+    page.evaluate("window.scrollTo(0, 0)")
+    assert on_first_screen(page, "#compare-prompt textarea") and on_first_screen(page, "#compare-send"), \
+        "Compare opens ready to use: its prompt and Send on the first screen"
+    assert page.locator("#compare-blind input").is_checked(), "blind for a first visitor"
+    for tab in ("Chat", "Compare", "Leaderboard", "Monitor"):
+        open_tab(page, tab)
+        assert page.evaluate(PAST_THE_EDGE, "body") == [], f"nothing on {tab} past the screen's edge"
     context.close()

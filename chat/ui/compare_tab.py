@@ -201,33 +201,36 @@ class CompareTab:
             self.picked = gr.CheckboxGroup(names, value=first, label="Presets to compare", scale=3, elem_id="compare-presets",
                                            interactive=True,
                                            info="Two to four. Presets on one model share its engine.")
-            self.blind = gr.Checkbox(label="Blind", scale=1, elem_id="compare-blind", interactive=True,
+            # Blind from the start: a first visitor's judgement is not swayed by the names.
+            self.blind = gr.Checkbox(value=True, label="Blind", scale=1, elem_id="compare-blind", interactive=True,
                                      info="Hide which preset wrote which column until you vote.")
+        # The prompt comes before the columns: on a laptop and on a phone it is on the first screen,
+        # with a share link's "press Send" beneath it.
+        with gr.Row(elem_id="compare-ask"):
+            self.prompt = gr.Textbox(placeholder="One prompt for every column; press Enter to send", show_label=False,
+                                     scale=6, min_width=200, elem_id="compare-prompt", interactive=True)
+            self.send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="compare-send")
+            self.stop = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="compare-stop")
+            self.new = gr.Button("New comparison", scale=1, min_width=70, elem_id="compare-new")
+        self.status = gr.Markdown(elem_id="compare-status")
         self.slot_boxes, self.slot_headings, self.knobs = [], [], []
         with gr.Accordion("Settings per preset", open=False, elem_id="compare-settings"), gr.Row():
             for slot in range(MAX_COLUMNS):
                 preset = service.preset(first[slot] if slot < len(first) else None)
-                with gr.Column(visible=slot < len(first), min_width=220) as box:
+                with gr.Column(visible=slot < 1, min_width=220) as box:  # blind: one set for every column
                     self.slot_boxes.append(box)
-                    self.slot_headings.append(gr.Markdown(f"**{preset.name}**"))
+                    self.slot_headings.append(gr.Markdown(SHARED_SETTINGS if slot == 0 else f"**{preset.name}**"))
                     self.knobs += [knob_input(knob, slot) for knob in preset.sampling.knobs]
         self.column_boxes, self.headings, self.chatbots, self.reruns = [], [], [], []
         with gr.Row(equal_height=False):
             for i in range(MAX_COLUMNS):
                 with gr.Column(visible=i < len(first), min_width=260) as box:
                     self.column_boxes.append(box)
-                    self.headings.append(gr.Markdown(f"### {LABELS[i]} · {first[i]}" if i < len(first) else "",
+                    self.headings.append(gr.Markdown(f"### {LABELS[i]}" if i < len(first) else "",
                                                      elem_id=f"compare-heading-{i}"))
                     self.chatbots.append(gr.Chatbot(show_label=False, elem_id=f"compare-chat-{i}", min_height=380, height=520,
                                                    buttons=["copy", "copy_all"]))  # no unnamed "share" (Spaces only)
                     self.reruns.append(gr.Button("Rerun with these settings", size="sm", elem_id=f"compare-rerun-{i}"))
-        with gr.Row():
-            self.prompt = gr.Textbox(placeholder="One prompt for every column; press Enter to send", show_label=False,
-                                     scale=6, elem_id="compare-prompt", interactive=True)
-            self.send = gr.Button("Send", variant="primary", scale=1, elem_id="compare-send")
-            self.stop = gr.Button("Stop", variant="stop", scale=1, elem_id="compare-stop")
-            self.new = gr.Button("New comparison", scale=1, elem_id="compare-new")
-        self.status = gr.Markdown(elem_id="compare-status")
         with gr.Row():
             self.votes = [gr.Button(visible=False, elem_id=f"compare-vote-{i}", min_width=100) for i in range(MAX_COLUMNS + 2)]
             self.rerun_turn = gr.Dropdown([], label="Turn that Rerun repeats", elem_id="compare-rerun-turn", scale=2,

@@ -25,7 +25,16 @@ THEME = gr.themes.Default(
 # Gradio 6.31 markup that axe-core reports, mended where it appears (attributes only; nothing
 # moves, every control works as before). A MutationObserver, because Gradio renders a tab's
 # contents, a chat's examples and each reply's stats line when they come.
-HEAD = """<script>
+HEAD = """<style>
+/* On a phone the page's margins are narrow (in the head: the CSS above is scoped by Gradio to
+   elements inside its container, and the margin is outside it). */
+@media (max-width: 700px) { .gradio-container div.main.app { padding-left: 10px !important; padding-right: 10px !important; } }
+/* The keyboard's way to the message box: the page's first stop, shown only while it has the focus. */
+#skip-to-message { position: absolute; left: -10000px; top: 8px; z-index: 2000; padding: 8px 12px;
+                   background: #fff; color: #1d4ed8; border: 2px solid #1d4ed8; border-radius: 6px; }
+#skip-to-message:focus { left: 8px; }
+</style>
+<script>
 (() => {
   const mend = () => {
     // A chat's example prompts: role="list" around buttons, which a list may not hold
@@ -38,6 +47,24 @@ HEAD = """<script>
     // a second, unnamed button that does nothing of its own (button-name, nested-interactive).
     // Inert, a click on the arrow lands on the line, which opens and closes the fold as before.
     for (const el of document.querySelectorAll('[role="button"] .arrow button:not([inert])')) el.inert = true;
+    // The message box's send arrow has no words (button-name).
+    for (const el of document.querySelectorAll('#message button.submit-button:not([aria-label])')) {
+      el.setAttribute("aria-label", "Send message");
+    }
+    // A link to the message box before anything else, for the keyboard (dozens of Tab presses
+    // otherwise, past the tabs and the chat).
+    if (document.body && !document.getElementById("skip-to-message")) {
+      const skip = document.createElement("a");
+      skip.id = "skip-to-message";
+      skip.href = "#message";
+      skip.textContent = "Skip to the message box";
+      skip.addEventListener("click", (event) => {
+        event.preventDefault();
+        document.querySelector('[role="tab"][data-tab-id="chat"]:not([aria-selected="true"])')?.click();
+        requestAnimationFrame(() => document.querySelector("#message textarea")?.focus());
+      });
+      document.body.prepend(skip);
+    }
     // Footer icons whose alt text repeats the word beside them (image-redundant-alt).
     for (const el of document.querySelectorAll('footer img[alt]:not([alt=""])')) {
       if (el.parentElement.textContent.includes(el.alt)) el.alt = "";
@@ -64,8 +91,16 @@ html { scrollbar-gutter: stable; }
 @media (max-width: 700px) {
   #chat-layout { flex-wrap: wrap; }
   #chat-settings { display: none; }
+  /* One column that scrolls: wrapped, a full-height column put the sampling settings in a second
+     column off the screen's right edge. */
   #chat-settings.open { display: flex; position: fixed; inset: 0; z-index: 1000; overflow-y: auto;
-                        padding: 12px; background: var(--background-fill-primary); }
+                        flex-wrap: nowrap; padding: 12px; background: var(--background-fill-primary); }
+  #chat-settings.open > * { flex-shrink: 0; min-width: 0 !important; }
+  /* The screen's width for the page: narrow margins, and the tabs on one row (scrolling sideways
+     within the row if they ever do not fit). */
+  #title h2 { font-size: 1.25rem; }
+  [role="tablist"] { flex-wrap: nowrap !important; overflow-x: auto; scrollbar-width: none; }
+  [role="tab"] { padding: 0 10px !important; flex-shrink: 0; }
   #settings-open, #chat-settings.open #settings-header { display: flex; }
   #chat-header { flex-wrap: nowrap; align-items: flex-start; }
   /* Gradio draws the buttons a moment after the text: their room is kept from the start, so the
@@ -77,7 +112,7 @@ html { scrollbar-gutter: stable; }
   /* Room for the message box on the first screen: the preset's description is on its card in
      Settings, and the chat takes what is left. */
   #title p { display: none; }
-  #chatbot { min-height: 240px !important; height: 40vh !important; }
+  #chatbot { min-height: 240px !important; height: calc(100svh - 330px) !important; }
   /* The saved chats sit above the chat here: a short list that scrolls, beside a small New chat. */
   #new-chat { min-height: 0; padding: 4px 12px; }
   #saved-chats { max-height: 5.5em; overflow-y: auto; }

@@ -118,6 +118,14 @@ def test_retry_writes_a_new_reply_with_new_stats(page):
     assert len(page.locator("#chatbot .user-row").all()) == 1  # retried, not added
 
 
+def test_undo_puts_the_message_back_in_the_box(page):
+    send(page, "Name one bird.")
+    watch_reply(page, REPLIED)
+    page.locator("#chatbot").get_by_role("button", name="Undo").last.click()
+    page.wait_for_function("document.querySelector('#message textarea').value === 'Name one bird.'")
+    page.wait_for_function("!document.querySelector('#chatbot .user-row')")
+
+
 def test_edit_regenerates_from_the_edited_message(page):
     send(page, "Name one fruit.")
     watch_reply(page, REPLIED)
@@ -125,7 +133,7 @@ def test_edit_regenerates_from_the_edited_message(page):
     page.get_by_role("button", name="Edit").last.click()
     box = page.locator("#chatbot .user-row textarea").last
     box.fill("Name one vegetable.")
-    page.locator("#chatbot").get_by_role("button", name="Submit").click()
+    box.press("Enter")  # sends, as in the message box
     # The model may well say "fruit" while naming a vegetable, so the proof is in the user's message
     # (replaced, not added) and a reply with new stats, not in the model's words.
     wait_for_one_new_reply(page, first)
@@ -232,10 +240,7 @@ def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_
 def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):
     send(page, "Name a colour.")
     _, title = watch_reply(page, REPLIED)
-    page.locator("#save").click()
-    link = page.locator("#saved-file a").first
-    link.wait_for(timeout=15_000)
-    with page.expect_download() as download:
-        link.click()
+    with page.expect_download(timeout=15_000) as download:
+        page.locator("#save").click()  # one click
     text = Path(download.value.path()).read_text(encoding="utf-8")
     assert "**You:**" in text and "Name a colour." in text and title in text and "| Preset | SmolLM2 135M (CPU) |" in text

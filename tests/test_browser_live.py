@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from chat.stats import REPLIED
 from tests.conftest import OUTPUT
 
 pytestmark = pytest.mark.browser
@@ -120,7 +121,7 @@ def moved(before: dict, after: dict, line_px: int) -> list[str]:
 def check_samples(samples: list[dict], line_px: int = 26) -> None:
     assert samples, "no sample of the reply was taken"
     bad = [(n, p) for n, s in enumerate(samples) for p in problems(s)]
-    bad += [(n, p) for n, (a, b) in enumerate(zip(samples, samples[1:]), 1) for p in moved(a, b, line_px)]
+    bad += [(n, p) for n, (a, b) in enumerate(zip(samples, samples[1:], strict=False), 1) for p in moved(a, b, line_px)]
     assert not bad, f"{len(bad)} broken moments of {len(samples)}, first: {bad[:3]}"
 
 
@@ -179,7 +180,7 @@ def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
     box = page.locator("#message textarea")
     box.fill(CODE_PROMPT)
     box.press("Enter")
-    page.wait_for_function(f"[...document.querySelectorAll({CHAT_TITLE!r})].some(t => t.innerText.includes('first token'))",
+    page.wait_for_function(f"[...document.querySelectorAll({CHAT_TITLE!r})].some(t => t.innerText.includes({REPLIED!r}))",
                            timeout=120_000)
     time.sleep(0.3)  # a few samples of the finished reply
     samples = page.evaluate("() => { clearInterval(window.__sampler); return window.__samples; }")

@@ -14,6 +14,7 @@ from typing import Any
 import gradio as gr
 
 from chat.errors import ChatError
+from chat.history import text_of
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest, Writing
@@ -82,6 +83,13 @@ def settings_panel(service: ChatService) -> Settings:
 # The page's script that keeps the engine line beneath the chat current (in the page's head).
 ENGINE_LINE_SCRIPT = f"<script>{Path(__file__).with_name('engine_line.js').read_text(encoding='utf-8')}</script>"
 TOGGLE_SETTINGS = "() => document.querySelector('#chat-settings').classList.toggle('open')"
+DOWNLOAD_SAVED = """async () => {
+  for (let frame = 0; frame < 300; frame++) {
+    const link = document.querySelector('#saved-file a[download]');
+    if (link) return link.click();
+    await new Promise(requestAnimationFrame);
+  }
+}"""
 
 
 def chat_tab(service: ChatService, *, concurrency_limit: int | None) -> None:
@@ -223,9 +231,13 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
 
     internal = {"queue": False, "api_visibility": "undocumented"}
     stop_button.click(stop, None, None, **internal)
+    # One click saves: the file is written, and the page follows its link as soon as it shows.
     save_button.click(
         lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
-    )
+    ).then(None, js=DOWNLOAD_SAVED, **internal)
+    # Undo puts the message back in the box to be changed and sent again (Gradio puts it into the
+    # ChatInterface's own box, which is hidden here).
+    chatbot.undo(undone_message, None, [textbox], **internal)
     reopen_where_left(chat, chatbot, parts)
     previous = gr.State(default.name)  # the preset before a switch: which settings the person changed
     settings.preset.change(
@@ -246,7 +258,7 @@ def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatPa
     # Every save (a reply, retry, edit, undo, an example) changes the saved chats, and with them
     # which one is shown; so do New chat and picking a saved chat, without saving.
     parts.saved.change(lambda index: {"index": index}, [parts.conversation_id], [shown], **quiet)
-    chat.new_chat_button.click(lambda: {"index": None}, None, [shown], **quiet)
+    chat.new_chat_button.click(None, None, [shown], js="() => ({index: null})", **quiet)  # in the page, at once
     chat.chat_history_dataset.click(lambda index: {"index": index}, [chat.chat_history_dataset], [shown], **quiet)
 
     def reopen(shown: Any, saved: Any) -> tuple[Any, Any, Any]:
@@ -256,6 +268,11 @@ def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatPa
         return index, saved[index], saved[index]
 
     chat.load(reopen, [shown, parts.saved], [parts.conversation_id, chatbot, parts.history], **quiet)
+
+
+def undone_message(undone: gr.UndoData) -> str:
+    """The message Undo took back (Gradio passes it where the parameter says gr.UndoData)."""
+    return text_of(undone.value)
 
 
 def name_knob_parameters(fn: Callable[..., Any]) -> None:

@@ -155,8 +155,6 @@
     socket = new WebSocket(url());
     socket.onopen = () => {
       retry = 0;
-      // Connected, the page shows only its own rendering of a reply being written (style.py).
-      if (markdown()) document.documentElement.classList.add("live-text");
       for (const [id, reply] of replies) {
         if (!reply.done) send({ type: "watch", id, after: reply.deltas.length - 1 });
         later(id);
@@ -175,7 +173,6 @@
     };
     socket.onclose = () => {
       socket = null;
-      document.documentElement.classList.remove("live-text");
       if ([...replies.values()].some((reply) => !reply.done)) {
         retry += 1;
         if (retry === GIVE_UP) {

@@ -71,6 +71,16 @@ HEAD = """<style>
     }
   };
   new MutationObserver(mend).observe(document.documentElement, { childList: true, subtree: true });
+  // Editing a sent message: Enter sends it, as in the message box (Shift+Enter for a new line).
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    if (!event.target.matches || !event.target.matches("#chatbot .user-row textarea")) return;
+    const submit = document.querySelector('#chatbot button[aria-label="Submit"]');
+    if (submit) {
+      event.preventDefault();
+      submit.click();
+    }
+  }, true);
 })();
 </script>"""
 
@@ -79,8 +89,9 @@ CSS = """
    grows taller than the window (Lighthouse measured a layout shift of 0.59 on a desktop). */
 html { scrollbar-gutter: stable; }
 /* A reply being written: the page renders it into its box (chat/ui/live.py). Gradio's own copy
-   after the box, drawn now and then, shows only where the page's script cannot follow the text. */
-.live-text .live-reply ~ *, .live-reply:not(:empty) ~ * { display: none !important; }
+   after the box, drawn now and then, shows only while the box is empty (until the first text comes,
+   or where the page's script cannot follow the text). */
+.live-reply:not(:empty) ~ * { display: none !important; }
 /* The chat's settings sit to its right on a wide screen (they come first in the page so that the
    chat finds its inputs already made). */
 #chat-layout { flex-wrap: nowrap; }

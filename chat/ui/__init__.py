@@ -66,12 +66,14 @@ def build_ui(
                 build_when_opened(monitor_page, lambda: monitor_tab(monitor))
             if lab is not None:
                 with gr.Tab("Capacity", id="capacity", visible=False) as capacity_page:
-                    capacity_tab(service, lab, admins)
+                    capacity = capacity_tab(service, lab, admins)
 
                 def show_capacity(request: gr.Request) -> Any:  # hidden from others; its events check again
                     return gr.Tab(visible=admins.allows_request(request))
 
                 demo.load(show_capacity, None, [capacity_page], **QUIET)
+                # Stop works for a test already running when the page opens (a reload, a second admin).
+                capacity_page.select(lambda: gr.Button(interactive=lab.busy()), None, [capacity.stop_button], **QUIET)
         # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
         demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")

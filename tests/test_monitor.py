@@ -183,4 +183,5 @@ async def test_a_preset_sharing_another_presets_engine_gets_its_own_first_token_
     assert charts is not None
     by_chart = {data.chart.field: {preset for _, preset, value in data.points if value is not None} for data in charts}
     assert by_chart["ttft_p50_ms"] == by_chart["ttft_p95_ms"] == {default_preset.name, other.name}
-    assert by_chart["running"] == {default_preset.name}, "the engine's load is drawn once, under the engine's name"
+    # The engine's load is drawn once, under the engine's name (other engines of the session may be drawn too).
+    assert default_preset.name in by_chart["running"] and other.name not in by_chart["running"]

@@ -25,7 +25,7 @@ class Job:
     entry: ComparedReply
     request: ReplyRequest
     event: ReplyEvent | None = None  # the latest news from the pipeline
-    on_text: Callable[[str], None] | None = None  # told the reply so far at every new piece (a page's live text)
+    on_writing: Callable[[Writing], None] | None = None  # told of every new piece of the reply (a page's live text)
 
     def record(self) -> None:
         """Copy the finished reply into the comparison's record."""
@@ -55,8 +55,8 @@ async def write_all(service: ChatService, jobs: Sequence[Job], every_s: float = 
                     if isinstance(event, Writing) and not isinstance(job.event, Writing):
                         first_text.set()  # drawn at once: the page starts following the live text then
                     job.event = event
-                    if job.on_text is not None and isinstance(event, Writing):
-                        job.on_text(event.reply.text)
+                    if job.on_writing is not None and isinstance(event, Writing):
+                        job.on_writing(event)
                     changed.set()
         finally:
             job.record()

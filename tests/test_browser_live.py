@@ -76,12 +76,14 @@ SAMPLE = """(root) => {
   };
 }"""
 
-SAMPLER = """([selector, sample]) => {
+SAMPLER = """([selector, title, sample]) => {
   window.__samples = [];
   const describe = eval(sample);
   window.__sampler = setInterval(() => {
     const replies = [...document.querySelectorAll(selector)];
-    if (replies.length) window.__samples.push(describe(replies[replies.length - 1]));
+    const titles = [...document.querySelectorAll(title)];
+    if (replies.length) window.__samples.push({...describe(replies[replies.length - 1]), t: performance.now(),
+                                               line: titles.length ? titles[titles.length - 1].innerText : ''});
   }, 100);
 }"""
 
@@ -176,7 +178,7 @@ def test_what_a_reply_may_not_do_it_cannot_do_while_streaming_either(page):
 
 
 def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
-    page.evaluate(SAMPLER, [CHAT_REPLY, SAMPLE])
+    page.evaluate(SAMPLER, [CHAT_REPLY, CHAT_TITLE, SAMPLE])
     box = page.locator("#message textarea")
     box.fill(CODE_PROMPT)
     box.press("Enter")
@@ -189,12 +191,16 @@ def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
     assert len(streaming) >= 5, f"the live text was drawn in {len(streaming)} of {len(samples)} samples"
     assert any("PRE" in [b["tag"] for b in s["blocks"]] for s in streaming), "the reply's code streamed in a code block"
     assert not samples[-1]["live"], "the finished reply is Gradio's own"
+    # The line beneath the reply keeps up with the text (Gradio alone redraws it once a second).
+    writing = [(s["t"], s["line"]) for s in streaming if s["line"].startswith("⏳")]
+    most_in_a_second = max(len({line for t, line in writing if start <= t < start + 1000}) for start, _ in writing)
+    assert most_in_a_second >= 4, f"the Writing line changed {most_in_a_second} times in its busiest second"
 
 
 def test_compare_columns_stream_formatted_text_too(page):
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").wait_for()
-    page.evaluate(SAMPLER, [COMPARE_REPLY.format(0), SAMPLE])
+    page.evaluate(SAMPLER, [COMPARE_REPLY.format(0), COMPARE_TITLE.format(0), SAMPLE])
     page.locator("#compare-prompt textarea").fill(CODE_PROMPT)
     page.locator("#compare-send").click()
     for column in (0, 1):  # each column's line beneath its reply is no longer "⏳ Writing…"

@@ -117,7 +117,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
             async with contextlib.aclosing(service.reply(ask)) as events:
                 async for event in events:
                     if live is not None and isinstance(event, Writing):
-                        live.write(event.reply.text)
+                        live.write(event.reply.text, event.line())
                         if not live.redraw_due():
                             continue
                     yield event_messages(event, live)

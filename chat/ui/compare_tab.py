@@ -351,9 +351,13 @@ class CompareTab:
         session = request.session_hash or ""
         self.writing.add(session)  # before any await: a second Send is refused
         browser = is_browser(request)
+        blind = board.comparison is not None and board.comparison.hides_stats
         for each in jobs if browser else ():
-            each.live = LiveText(self.service.logs)
-            each.on_text = each.live.write
+            each.live = live = LiveText(self.service.logs)
+            # Blind, the line beneath each column is "Writing…" until the vote: its figures would
+            # tell the columns apart, so they do not travel with the text either.
+            each.on_writing = (lambda event, live=live: live.write(event.reply.text)) if blind else \
+                (lambda event, live=live: live.write(event.reply.text, event.line()))
         try:
             yield first
             async with contextlib.aclosing(write_all(self.service, jobs, REDRAW_S if browser else 0.0)) as redraws:

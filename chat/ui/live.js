@@ -2,7 +2,7 @@
 // Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
 // chat/ui/live.py explains why. window.chatLive.render is the renderer, for the browser tests.
 (() => {
-  const replies = new Map(); // id -> {deltas: string[], done: boolean}
+  const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean}
   let socket = null;
   let retry = 0;
   let parser = null;
@@ -123,6 +123,10 @@
       patch(box, html);
       box.dataset.drawn = String(reply.deltas.length);
     }
+    if (reply.line === undefined) return;
+    for (const line of document.querySelectorAll(`.live-line.stream-${CSS.escape(id)}`)) {
+      if (line.textContent !== reply.line) line.textContent = reply.line;
+    }
   }
 
   // New text is drawn once per frame, however many deltas arrive in it.
@@ -166,6 +170,7 @@
       if (!reply) return;
       if (message.type === "delta" && message.index === reply.deltas.length) {
         reply.deltas.push(message.text);
+        if (message.line !== undefined) reply.line = message.line;
         later(message.id);
       } else if (message.type === "done" || message.type === "error") {
         reply.done = true;
@@ -201,6 +206,11 @@
         else send({ type: "watch", id, after: -1 });
       }
       if (box.dataset.drawn === undefined) draw(id);
+    }
+    // A redraw's line beneath a reply is as old as the redraw: the page's is newer.
+    for (const line of document.querySelectorAll(".live-line")) {
+      const reply = replies.get(streamOf(line));
+      if (reply && reply.line !== undefined && line.textContent !== reply.line) line.textContent = reply.line;
     }
     for (const [id, reply] of replies) {
       if (reply.done && !live.has(id)) replies.delete(id); // drawn for good by Gradio

@@ -12,7 +12,8 @@ back a last line that could still turn into other syntax (an opening fence, a li
 row), so the visitor never sees Markdown as text or a block changing form. While the box has
 content the page hides Gradio's own copy of the text after it (style.py); that copy is there for a
 page whose script or socket failed. When the reply ends Gradio draws the finished text, rendered
-the same way.
+the same way. The line beneath the reply ("Writing… 0:03 · 41 tokens") travels with the text and
+the page shows it as the text arrives (`line_box`), where Gradio's redraws would show it once a second.
 
 Programs calling the Gradio API (`gradio_client` says so in a header) cannot run the script, so
 they get every redraw's text through Gradio, without a box.
@@ -58,10 +59,12 @@ class LiveText:
         self.deltas = 0
         self._drawn_at = float("-inf")
 
-    def write(self, text: str) -> None:
-        """Add what `text` (the reply so far) has beyond what was written."""
+    def write(self, text: str, line: str | None = None) -> None:
+        """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
+        reply as it stands now (`line`, where the page may show it: see `line_box`)."""
         if len(text) > self.sent:
-            self.log.add("delta", text=text[self.sent:], index=self.deltas)
+            extra = {"line": line} if line is not None else {}
+            self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
             self.sent, self.deltas = len(text), self.deltas + 1
 
     def redraw_due(self) -> bool:
@@ -76,6 +79,10 @@ class LiveText:
         """The reply's message while it is written: the box the page renders the live text into,
         then `shown` (the reply so far, as displayed), which the page hides while the box has text."""
         return f'<div class="live-reply stream-{html.escape(self.log.id)}"></div>\n\n{shown}'
+
+    def line_box(self, line: str) -> str:
+        """The line beneath the reply while it is written, in a box the page keeps current with the text."""
+        return f'<span class="live-line stream-{html.escape(self.log.id)}">{html.escape(line)}</span>'
 
     def end(self) -> None:
         if self.log.running:

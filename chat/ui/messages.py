@@ -59,7 +59,8 @@ def event_messages(event: ReplyEvent, live: LiveText | None = None) -> list[gr.C
         return [annotation(f"{WAITING} {event.status}", pending=True)]
     if isinstance(event, Writing) and live is not None:
         body = live.body(shown_text(event.reply.text))
-        return [gr.ChatMessage(role="assistant", content=body), annotation(f"{WAITING} {event.line()}", pending=True)]
+        return [gr.ChatMessage(role="assistant", content=body),
+                annotation(f"{WAITING} {live.line_box(event.line())}", pending=True)]
     if isinstance(event, Writing):
         return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))
     if isinstance(event, Finished):

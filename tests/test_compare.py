@@ -218,16 +218,17 @@ def test_a_link_with_unknown_presets_or_bad_values_is_refused_plainly(catalog, q
 
 
 def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_forgotten():
+    from chat.compare_service import CompareService
     from chat.ui.compare_api import CompareApi
 
-    api = CompareApi(service=None, store=None, max_sessions=2)  # the sessions' bookkeeping only
+    api = CompareApi(CompareService(service=None), store=None, max_sessions=2)  # the sessions' bookkeeping only
     first = api.board("a")
     assert api.board("a") is first
     api.board("b")
     api.board("a")  # used again: now the most recent
     api.board("c")
     assert list(api.boards) == ["a", "c"] and api.board("a") is first
-    api.writing.add("c")  # a comparison being written is kept however old
+    api.comparisons.writing.add("c")  # a comparison being written is kept however old
     api.board("d")
     assert list(api.boards) == ["c", "d"]
 

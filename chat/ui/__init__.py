@@ -12,6 +12,7 @@ import gradio as gr
 
 from chat.admin import Admins
 from chat.capacity_run import CapacityLab
+from chat.compare_service import CompareService
 from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui import gradio_internals
@@ -45,19 +46,20 @@ def build_ui(
     without anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
     gradio_internals.install()
     admins = admins or Admins()
+    comparisons = CompareService(service)  # one for the tab and the API: one turn at a time per session
     # Gradio keeps a copy of every file it serves: emptied of what is over an hour old (chat/ui/downloads.py).
     with gr.Blocks(title="vLLM chat demo", fill_height=True, delete_cache=(1800, 3600)) as demo:
         if lab is None and admins.anyone_can_be:
             lab = CapacityLab(service)
         if lab is not None:
             capacity_banner(lab)
-        # "wrap": on a phone the tabs take a second row rather than hiding in a "⋯" menu.
+        # "wrap", not a "⋯" menu for tabs without room; on a phone the page's CSS keeps them on one row.
         # Only Chat is made with the page; the others when first opened (chat/ui/lazy.py says why).
         with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(service, concurrency_limit=concurrency_limit)
             with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_page:
-                build_when_opened(compare_page, lambda: compare_tab(service, demo, tabs, store))
+                build_when_opened(compare_page, lambda: compare_tab(comparisons, demo, tabs, store))
             standings = Standings(store) if store is not None else None
             if standings is not None:
                 with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_page:
@@ -78,7 +80,7 @@ def build_ui(
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
         demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")
         # Endpoints for programs, outside the tabs (a component among a Tabs' children reads as a tab).
-        compare_api(service, store)
+        compare_api(comparisons, store)
         if standings is not None:
             leaderboard_api(standings)
         reply_api(service)

@@ -3,7 +3,7 @@
 The Compare tab is made only in pages that open it (chat/ui/lazy.py), and its events with it, so
 programs get endpoints of their own, made with the page. Each program session (a `gradio_client`
 Client) has one comparison, as a page has; the latest `MAX_SESSIONS` sessions' comparisons are kept
-in memory. A turn goes through the same code as the tab's (`begin_turn`, `chat.fanout`, `chat.ballot`).
+in memory. A turn goes through the same service as the tab's (`chat.compare_service`, `chat.ballot`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import gradio as gr
 
 from chat import ballot
 from chat.compare import Comparison
+from chat.compare_service import Busy, CompareService
 from chat.errors import ChatError
-from chat.fanout import Job, write_all
-from chat.service import ChatService
-from chat.ui.compare_tab import Board, begin_turn, column_messages, stop_key
+from chat.fanout import Job
+from chat.ui.compare_tab import Board
+from chat.ui.compare_view import column_messages
 from chat.ui.messages import PROBLEM
 from chat.voters import Voter
 from chat.votes import VoteStore
@@ -51,15 +52,14 @@ def view(comparison: Comparison | None, jobs: Sequence[Job] = (), status: str = 
 
 
 class CompareApi:
-    def __init__(self, service: ChatService, store: VoteStore | None, max_sessions: int = MAX_SESSIONS) -> None:
-        self.service, self.store, self.max_sessions = service, store, max_sessions
+    def __init__(self, comparisons: CompareService, store: VoteStore | None, max_sessions: int = MAX_SESSIONS) -> None:
+        self.comparisons, self.store, self.max_sessions = comparisons, store, max_sessions
         self.boards: OrderedDict[str, Board] = OrderedDict()
-        self.writing: set[str] = set()  # sessions whose turn is being written
 
     def board(self, session: str) -> Board:
         board = self.boards.pop(session, None) or Board()
         self.boards[session] = board  # the most recently used last; the oldest are forgotten
-        idle = [name for name in self.boards if name not in self.writing]  # not one being written
+        idle = [name for name in self.boards if name not in self.comparisons.writing]  # not one being written
         for name in idle[:max(0, len(self.boards) - self.max_sessions)]:
             del self.boards[name]
         return board
@@ -75,9 +75,6 @@ class CompareApi:
         chat as it is written, then with its stats: {status, turn, columns: [{title, messages}]}."""
         session = request.session_hash or "" if request is not None else ""
         board = self.board(session)
-        if session in self.writing:
-            yield view(board.comparison, status=BUSY)
-            return
         if sampling is not None and not (isinstance(sampling, list) and all(isinstance(s, dict) for s in sampling)):
             yield view(board.comparison, status=f"{PROBLEM} {SAMPLING_SHAPE}")
             return
@@ -86,19 +83,18 @@ class CompareApi:
             yield view(board.comparison, status=BLIND_SHARED)
             return
         try:
-            jobs = begin_turn(self.service, board, list(picked or []), bool(blind), prompt, sampling or [], session)
+            with self.comparisons.turn_of(session):
+                board.comparison, jobs = self.comparisons.begin(board.comparison, list(picked or []), bool(blind), prompt,
+                                                                sampling or [], session)
+                yield view(board.comparison, jobs)
+                async with contextlib.aclosing(self.comparisons.write(jobs)) as redraws:
+                    async for _ in redraws:
+                        yield view(board.comparison, jobs)
+                yield view(board.comparison)
+        except Busy:
+            yield view(board.comparison, status=BUSY)
         except ChatError as exc:
             yield view(board.comparison, status=f"{PROBLEM} {exc.message}")
-            return
-        self.writing.add(session)
-        try:
-            yield view(board.comparison, jobs)
-            async with contextlib.aclosing(write_all(self.service, jobs)) as redraws:
-                async for _ in redraws:
-                    yield view(board.comparison, jobs)
-            yield view(board.comparison)
-        finally:
-            self.writing.discard(session)
 
     async def vote(self, choice: str | None, turn: int | str | None, request: gr.Request) -> dict[str, Any]:
         """Vote on a turn of this session's comparison (the latest when `turn` is empty): `choice`
@@ -117,12 +113,12 @@ class CompareApi:
 
     async def stop(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
         """Stop every column of this session's comparison."""
-        self.service.stop(stop_key(request.session_hash or ""))
+        self.comparisons.stop(request.session_hash or "")
 
 
-def compare_api(service: ChatService, store: VoteStore | None) -> CompareApi:
+def compare_api(comparisons: CompareService, store: VoteStore | None) -> CompareApi:
     """Register the endpoints on the Blocks being built."""
-    api = CompareApi(service, store)
+    api = CompareApi(comparisons, store)
     gr.api(api.compare, api_name="compare", concurrency_limit=None)
     gr.api(api.vote, api_name="vote", concurrency_limit=None)
     gr.api(api.stop, api_name="compare_stop", concurrency_limit=None)

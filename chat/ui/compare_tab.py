@@ -1,38 +1,36 @@
 """The Compare tab: one prompt to two to four presets at once, streamed side by side, voted on.
 
-One event writes every column (`chat.fanout`, through the reply pipeline); the record (turns,
-replies, stats, votes) lives in `chat.compare`, the summary and exports in `chat.compare_report`,
-the share link in `chat.share_link`, and every vote is also kept in the app's `chat.votes` store for
-the leaderboard; this module only draws. The tab is made when first opened (chat/ui/lazy.py);
-programs compare and vote through `/compare` and `/vote` (chat/ui/compare_api.py).
+What a comparison does (a turn, reruns, writing every column at once, stop) is `chat.compare_service`,
+shared with the /compare API (chat/ui/compare_api.py); the record is `chat.compare`, the summary
+and exports `chat.compare_report`, the share link `chat.share_link`, votes `chat.ballot` (kept in
+the app's `chat.votes` store for the leaderboard); how a column looks is `chat.ui.compare_view`.
+This module lays out the tab and wires its events. It is made when first opened (chat/ui/lazy.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from chat import ballot
-from chat.compare import HIDDEN_STATS, LABELS, MAX_COLUMNS, ComparedReply, Comparison
-from chat.compare_report import summarize, write_exports
+from chat.compare import LABELS, MAX_COLUMNS, Comparison
+from chat.compare_report import write_exports
+from chat.compare_service import Busy, CompareService, sampling_of
 from chat.errors import ChatError, InputError
-from chat.fanout import Job, write_all
-from chat.presets import Preset
-from chat.sampling import KNOB_NAMES, Knob, Sampling
-from chat.service import ChatService, ReplyRequest, Waiting, Writing, check_text
+from chat.fanout import Job
+from chat.sampling import KNOB_NAMES, Knob
 from chat.share_link import decode_link, encode_link
+from chat.ui.compare_view import column_messages, summary_frames
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
 from chat.ui.live import REDRAW_S, LiveText, is_browser
-from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
+from chat.ui.messages import PROBLEM
 from chat.voters import Voter
 from chat.votes import VoteStore
 
@@ -43,18 +41,11 @@ INTRO = (
     "Follow-up prompts continue each column's own conversation. In **blind** mode the columns are "
     "shuffled and labelled A, B, …; vote on each turn, and the names are revealed after your first vote."
 )
-HIDDEN_DETAILS = "The preset and its exact settings are shown after you vote."
 SHARED_SETTINGS = "**Every column** (blind: one set of settings for all, within each preset's ranges)"
 EXPORTS = (("md", "Markdown"), ("csv", "CSV"), ("json", "JSON"))
+BUSY = f"{PROBLEM} Wait until every column has finished, or press Stop."
 SHOW_LINK = "(query) => query ? window.location.origin + window.location.pathname + query : ''"
 K = len(KNOB_NAMES)
-
-
-@dataclass
-class ColumnJob(Job):
-    """A column's reply to write, and (for a page) its live text."""
-
-    live: LiveText | None = None
 
 
 @dataclass
@@ -70,110 +61,9 @@ class Board:
         return write_exports(self.comparison, self.export_dir)
 
 
-# --- how a column looks --------------------------------------------------------------------
-
-
-def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = ()) -> list[gr.ChatMessage]:
-    """The column's conversation: each prompt, its reply with stats beneath, and any reruns."""
-    live = {id(job.entry): job for job in jobs}
-    messages = []
-    for turn in comparison.turns:
-        messages.append(gr.ChatMessage(role="user", content=turn.prompt))
-        for entry in turn.attempts(column):
-            if entry.attempt > 1:
-                messages.append(annotation(f"↻ Rerun {entry.attempt - 1} of this prompt, same preset and settings"))
-            messages += entry_messages(comparison, entry, live.get(id(entry)))
-    return messages
-
-
-def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None) -> list[gr.ChatMessage]:
-    """One reply of a column. Blind, until the vote, every column's lines read the same: no engine
-    status (it names the preset), no tokens, no times (they tell the columns apart)."""
-    blind = comparison.hides_stats
-    if not entry.finished:
-        if job is None or job.event is None or (blind and isinstance(job.event, Waiting)):
-            return [annotation(f"{WAITING} Waiting for the engine…", pending=True)]
-        messages = event_messages(job.event, job.live if isinstance(job, ColumnJob) else None)
-        if blind and isinstance(job.event, Writing):
-            messages[-1] = annotation(f"{WAITING} Writing…", pending=True)
-        return messages
-    messages = [gr.ChatMessage(role="assistant", content=shown_text(entry.text))] if entry.text else []
-    if entry.error:
-        messages.append(annotation(f"{STOPPED if entry.stopped_early else PROBLEM} {entry.error}"))
-    elif entry.stats is not None and not blind:
-        messages.append(stats_annotation(entry.stats, entry.notice))
-    elif entry.stats is not None:
-        messages.append(annotation(f"{STATS} {HIDDEN_STATS}", HIDDEN_DETAILS))
-    return messages
-
-
-def summary_frames(comparison: Comparison | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The summary table, then the time-to-first-token and speed charts' data."""
-    rows = summarize(comparison) if comparison else []
-
-    def ms(seconds: float | None) -> float | None:
-        return None if seconds is None else round(seconds * 1000)
-
-    def one(value: float | None) -> float | None:
-        return None if value is None else round(value, 1)
-
-    table = pd.DataFrame(
-        [[r.label, r.preset, r.replies, ms(r.first_token_median_s), ms(r.first_token_p95_s), one(r.tokens_per_s_median),
-          one(r.length_median_tokens), r.votes_won] for r in rows],
-        columns=["Column", "Preset", "Replies", "Median first token (ms)", "95th percentile first token (ms)",
-                 "Median tokens/s", "Median length (tokens)", "Votes won"],
-    )
-    first_token = pd.DataFrame(
-        [{"bar": f"{r.label} {name}", "ms": ms(value)}
-         for r in rows for name, value in (("median", r.first_token_median_s), ("p95", r.first_token_p95_s)) if value is not None],
-        columns=["bar", "ms"],
-    ).astype({"ms": float})  # typed even when empty: the chart reads its axis type from the first value
-    speed = pd.DataFrame([{"column": r.label, "tokens/s": one(r.tokens_per_s_median)} for r in rows if r.tokens_per_s_median],
-                         columns=["column", "tokens/s"]).astype({"tokens/s": float})
-    return table, first_token, speed
-
-
-def begin_turn(service: ChatService, board: Board, picked: Sequence[str], blind: bool, prompt: str,
-               settings: Sequence[Mapping[str, Any]], session: str) -> list[ColumnJob]:
-    """Add the prompt as a turn of the session's comparison (starting it with the picked presets on
-    the first one): one job per column, with that column's preset and settings (`settings[i]` for
-    `picked[i]`). Raises ChatError with a sentence for the person (nothing is added then)."""
-    text = check_text(prompt, "Your message", new_message=True)
-    comparison = board.comparison or Comparison.start([service.preset(name) for name in picked], blind)
-    presets = [service.preset(column.preset) for column in comparison.columns]
-    if comparison.hides_stats:  # blind: every column writes with the same settings, or they could be told apart
-        base = service.preset(picked[0]) if picked else presets[0]
-        shared = base.sampling.resolve(settings[0] if settings else {}).as_dict()
-        sampling = [preset.sampling.resolve(shared) for preset in presets]
-    else:
-        sampling = [sampling_of(preset, picked, settings) for preset in presets]
-    board.comparison = comparison
-    turn = comparison.add_turn(text, sampling)
-    now = time.monotonic()  # one moment for all columns: their first-token times compare
-    return [job(comparison, entry, len(comparison.turns) - 1, session, now) for entry in turn.replies]
-
-
-def sampling_of(preset: Preset, picked: Sequence[str], settings: Sequence[Mapping[str, Any]]) -> Sampling:
-    """A picked preset's settings (those of its slot), checked against its ranges."""
-    if preset.name not in picked:
-        raise InputError(f"{preset.name} is not among the picked presets; press New comparison to change them.")
-    slot = list(picked).index(preset.name)
-    return preset.sampling.resolve(settings[slot] if slot < len(settings) else {})
-
-
 def slot_settings(knob_values: Sequence[Any]) -> list[dict[str, Any]]:
     """The settings sliders' values (every knob of the first slot, then of the second, …) by slot."""
     return [dict(zip(KNOB_NAMES, knob_values[slot * K:(slot + 1) * K], strict=True)) for slot in range(MAX_COLUMNS)]
-
-
-def job(comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> ColumnJob:
-    """The request that writes one column's reply to a turn, with that column's preset and settings."""
-    column = comparison.columns[entry.column]
-    return ColumnJob(entry, ReplyRequest(
-        comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
-        system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
-        submitted_at=submitted_at,
-    ))
 
 
 def knob_input(knob: Knob, slot: int) -> gr.components.Component:
@@ -186,12 +76,11 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
 class CompareTab:
     """The tab's components, and its events as methods (each returns updates keyed by component)."""
 
-    def __init__(self, service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> None:
-        self.service = service
+    def __init__(self, comparisons: CompareService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> None:
+        self.comparisons, self.service = comparisons, comparisons.service
         self.store = store  # where votes last (None: in this page only)
         self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
-        self.writing: set[str] = set()  # sessions writing replies now (one comparison turn at a time)
-        names = service.preset_names()
+        names = self.service.preset_names()
         first = names[:2]
         # Inputs say they are: Gradio guesses it from the events' inputs, and inside gr.render
         # (the tab is made when opened) it guesses some of them wrong.
@@ -216,7 +105,7 @@ class CompareTab:
         self.slot_boxes, self.slot_headings, self.knobs = [], [], []
         with gr.Accordion("Settings per preset", open=False, elem_id="compare-settings"), gr.Row():
             for slot in range(MAX_COLUMNS):
-                preset = service.preset(first[slot] if slot < len(first) else None)
+                preset = self.service.preset(first[slot] if slot < len(first) else None)
                 with gr.Column(visible=slot < 1, min_width=220) as box:  # blind: one set for every column
                     self.slot_boxes.append(box)
                     self.slot_headings.append(gr.Markdown(SHARED_SETTINGS if slot == 0 else f"**{preset.name}**"))
@@ -295,8 +184,9 @@ class CompareTab:
             out[self.headings[i]] = f"### {title}"
         return out
 
-    def chats(self, comparison: Comparison | None, jobs: Sequence[Job] = ()) -> dict[Any, Any]:
-        return {bot: column_messages(comparison, i, jobs) if comparison and i < len(comparison.columns) else []
+    def chats(self, comparison: Comparison | None, jobs: Sequence[Job] = (),
+              lives: dict[int, LiveText] | None = None) -> dict[Any, Any]:
+        return {bot: column_messages(comparison, i, jobs, lives) if comparison and i < len(comparison.columns) else []
                 for i, bot in enumerate(self.chatbots)}
 
     def after_turn(self, board: Board) -> dict[Any, Any]:
@@ -344,77 +234,69 @@ class CompareTab:
 
     # --- events ------------------------------------------------------------------------------
 
-    async def drive(self, board: Board, jobs: list[ColumnJob], request: gr.Request,
+    async def drive(self, board: Board, jobs: list[Job], request: gr.Request,
                     first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
         """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports.
-        A page gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second."""
-        session = request.session_hash or ""
-        self.writing.add(session)  # before any await: a second Send is refused
-        browser = is_browser(request)
-        blind = board.comparison is not None and board.comparison.hides_stats
+        A page gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second.
+        The caller holds the session's turn (CompareService.turn_of)."""
+        assert board.comparison is not None
+        browser, blind = is_browser(request), board.comparison.hides_stats
+        lives = {id(each): LiveText(self.service.logs) for each in jobs} if browser else {}
         for each in jobs if browser else ():
-            each.live = live = LiveText(self.service.logs)
+            live = lives[id(each)]
             # Blind, the line beneath each column is "Writing…" until the vote: its figures would
             # tell the columns apart, so they do not travel with the text either.
             each.on_writing = (lambda event, live=live: live.write(event.reply.text)) if blind else \
                 (lambda event, live=live: live.write(event.reply.text, event.line()))
         try:
             yield first
-            async with contextlib.aclosing(write_all(self.service, jobs, REDRAW_S if browser else 0.0)) as redraws:
+            async with contextlib.aclosing(self.comparisons.write(jobs, REDRAW_S if browser else 0.0)) as redraws:
                 async for _ in redraws:
-                    yield self.chats(board.comparison, jobs)
+                    yield self.chats(board.comparison, jobs, lives)
             yield {**self.chats(board.comparison), **self.after_turn(board)}
         finally:
-            self.writing.discard(session)
-            for each in jobs:
-                if each.live is not None:
-                    each.live.end()
+            for live in lives.values():
+                live.end()
 
     async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
         """Send the prompt to every column (starting the comparison on the first one)."""
         session = request.session_hash or ""
-        if session in self.writing:
-            yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
-            return
         try:
-            started = board.comparison
-            first_prompt = started.turns[0].prompt if started and started.turns else prompt
-            query = self.link_of(picked, started.blind if started else blind, first_prompt, knob_values)
-            jobs = begin_turn(self.service, board, picked, blind, prompt, slot_settings(knob_values), session)
+            with self.comparisons.turn_of(session):
+                started = board.comparison
+                first_prompt = started.turns[0].prompt if started and started.turns else prompt
+                query = self.link_of(picked, started.blind if started else blind, first_prompt, knob_values)
+                board.comparison, jobs = self.comparisons.begin(board.comparison, picked, blind, prompt,
+                                                                slot_settings(knob_values), session)
+                first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
+                         self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
+                         **self.headings_of(board.comparison, picked, blind), **self.chats(board.comparison, jobs),
+                         **{button: gr.Button(interactive=False) for button in self.votes}}
+                async for update in self.drive(board, jobs, request, first):
+                    yield update
+        except Busy:
+            yield {self.status: BUSY}
         except ChatError as exc:
             yield {self.status: f"{PROBLEM} {exc.message}"}
-            return
-        comparison = board.comparison
-        assert comparison is not None
-        first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
-                 self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
-                 **self.headings_of(comparison, picked, blind), **self.chats(comparison, jobs),
-                 **{button: gr.Button(interactive=False) for button in self.votes}}
-        async for update in self.drive(board, jobs, request, first):
-            yield update
 
     def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
         async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
             """That turn's prompt again, in this column, with its preset and exact settings."""
             comparison, session = board.comparison, request.session_hash or ""
-            if comparison is None or not comparison.turns or column >= len(comparison.columns):
-                yield {self.status: f"{PROBLEM} Send a prompt first; then each column can rerun it."}
-                return
-            if session in self.writing:
-                yield {self.status: f"{PROBLEM} Wait until every column has finished, or press Stop."}
-                return
-            index = len(comparison.turns) - 1 if turn is None else int(turn)
             try:
-                entry = comparison.add_rerun(index, column)
+                if comparison is None:
+                    raise InputError("Send a prompt first; then each column can rerun it.")
+                with self.comparisons.turn_of(session):
+                    rerun_job = self.comparisons.rerun(comparison, turn, column, session)
+                    first = {self.status: "", **self.chats(comparison, [rerun_job]),
+                             **{b: gr.Button(interactive=False) for b in self.votes}}
+                    async for update in self.drive(board, [rerun_job], request, first):
+                        yield update
+            except Busy:
+                yield {self.status: BUSY}
             except ChatError as exc:
                 yield {self.status: f"{PROBLEM} {exc.message}"}
-                return
-            rerun_job = job(comparison, entry, index, session, time.monotonic())
-            first = {self.status: "", **self.chats(comparison, [rerun_job]),
-                     **{b: gr.Button(interactive=False) for b in self.votes}}
-            async for update in self.drive(board, [rerun_job], request, first):
-                yield update
 
         return rerun
 
@@ -435,7 +317,7 @@ class CompareTab:
         return vote_button
 
     async def stop_all(self, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
-        self.service.stop(stop_key(request.session_hash or ""))
+        self.comparisons.stop(request.session_hash or "")
 
     async def start_over(self, request: gr.Request, board: Board, picked: list[str], blind: bool) -> dict[Any, Any]:
         await self.stop_all(request)
@@ -481,10 +363,5 @@ class CompareTab:
                 self.status: "Opened from a share link: press Send to run it."}
 
 
-def stop_key(session: str) -> str:
-    """Compare's Stop stops every column of this browser session (not its Chat tab's reply)."""
-    return f"compare:{session}"
-
-
-def compare_tab(service: ChatService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> CompareTab:
-    return CompareTab(service, demo, tabs, store)
+def compare_tab(comparisons: CompareService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> CompareTab:
+    return CompareTab(comparisons, demo, tabs, store)

@@ -101,84 +101,9 @@ def chat_tab(service: ChatService, *, concurrency_limit: int | None) -> None:
 
 
 def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: int | None) -> None:
+    """The chat: its title, the conversation, the message box, and Stop, Save and the engine line."""
     default = service.preset(None)
     assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
-    async def respond(
-        message: str, history: list[dict[str, Any]], request: gr.Request, preset_name: str, system_prompt: str,
-        *knob_values: float,
-    ) -> AsyncIterator[list[gr.ChatMessage]]:
-        # Gradio passes the request where the signature names it; only parameters before *args count.
-        ask = ReplyRequest(
-            message, history, preset=preset_name, system_prompt=system_prompt,
-            sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
-        )
-        live = LiveText(service.logs) if is_browser(request) else None
-        try:
-            async with contextlib.aclosing(service.reply(ask)) as events:
-                async for event in events:
-                    if live is not None and isinstance(event, Writing):
-                        live.write(event.reply.text, event.line())
-                        if not live.redraw_due():
-                            continue
-                    yield event_messages(event, live)
-        finally:
-            if live is not None:
-                live.end()
-
-    name_knob_parameters(respond)
-
-    async def turn(
-        message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
-        *knob_values: float,
-    ) -> AsyncIterator[tuple[Any, Any, Any]]:
-        """A message typed on the page, the whole turn in one queued event: the message box, the
-        chat, and (at the end) the server's copy of the chat."""
-        if not str(message).strip():
-            gr.Warning("Type a message first.")
-            yield gr.skip(), gr.skip(), gr.skip()
-            return
-        asked = [*(history or []), {"role": "user", "content": message}]
-        yield gr.update(value="", interactive=False), asked, gr.skip()
-        reply: list[gr.ChatMessage] = []
-        async for reply in respond(message, history or [], request, preset_name, system_prompt, *knob_values):
-            yield gr.skip(), [*asked, *reply], gr.skip()
-        done = [*asked, *reply]
-        # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
-        yield gr.update(interactive=True), done, chatbot.preprocess(chatbot.postprocess(done))
-
-    name_knob_parameters(turn)
-
-    # Gradio wires clicks on a chat's examples only when it starts with some, so presets' own
-    # examples replace each other only then.
-    switch_examples = bool(default.examples)
-
-    async def on_preset_change(name: str, previous_name: str, system_prompt: str, *knob_values: Any) -> list[Any]:
-        """The new preset's card and ranges; what the person changed in the settings stays (where
-        it fits the new ranges: a sentence says what had to move), the rest take its defaults."""
-        preset = service.preset(name)
-        try:
-            previous = service.preset(previous_name)
-        except ChatError:
-            previous = preset
-        values = dict(zip([knob.name for knob in previous.sampling.knobs], knob_values, strict=False))
-        kept, notes = preset.sampling.carried_over(previous.sampling, values, preset.name)
-        card = preset_card(preset) + "".join(f"\n\n⚠️ {html.escape(note)}" for note in notes)
-        prompt = system_prompt if system_prompt != previous.system_prompt else preset.system_prompt
-        updates: list[Any] = [title_of(preset), card, prompt, preset.name]
-        for knob in preset.sampling.knobs:
-            updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=kept[knob.name]))
-        if switch_examples:
-            updates.append(gr.update(examples=[{"text": example} for example in preset.examples] or None))
-        return updates
-
-    async def warm_up(name: str) -> str:
-        """Start loading (or wake) the chosen preset's engine as soon as it is picked."""
-        service.registry.prepare(service.preset(name))
-        return service.engine_line(name)
-
-    async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
-        service.stop(stop_key(request))
-
     with gr.Row(elem_id="chat-header"):
         title = gr.Markdown(title_of(default), elem_id="title")
         gr.Button("⚙ Settings", size="sm", scale=0, min_width=110, elem_id="settings-open").click(
@@ -189,6 +114,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False,
                          buttons=["copy", "copy_all"])
     validator = lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first.")  # noqa: E731
+    respond = replies(service)
     chat = gr.ChatInterface(
         fn=respond,
         additional_inputs=settings.inputs,
@@ -215,38 +141,133 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
     chat.new_chat_button.parent.elem_id = "chat-history"
     textbox.submit(
-        turn, [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
+        typed_turn(respond, chatbot), [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
         preprocess=False,
     ).then(parts.save, [parts.conversation_id, parts.history, parts.saved], [parts.conversation_id, parts.saved],
            queue=False, api_visibility="undocumented", show_progress="hidden")
+    status = chat_actions(service, chatbot, textbox)
+    reopen_where_left(chat, chatbot, parts)
+    switch_presets(service, settings, title, status, chatbot if default.examples else None)
+
+
+def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMessage]]]:
+    """The ChatInterface's function (and the /chat API's): one reply to a message, as chat messages.
+    A page gets the text live (chat/ui/live.py) and Gradio's redraws once a second."""
+    async def respond(
+        message: str, history: list[dict[str, Any]], request: gr.Request, preset_name: str, system_prompt: str,
+        *knob_values: float,
+    ) -> AsyncIterator[list[gr.ChatMessage]]:
+        # Gradio passes the request where the signature names it; only parameters before *args count.
+        ask = ReplyRequest(
+            message, history, preset=preset_name, system_prompt=system_prompt,
+            sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
+        )
+        live = LiveText(service.logs) if is_browser(request) else None
+        try:
+            async with contextlib.aclosing(service.reply(ask)) as events:
+                async for event in events:
+                    if live is not None and isinstance(event, Writing):
+                        live.write(event.reply.text, event.line())
+                        if not live.redraw_due():
+                            continue
+                    yield event_messages(event, live)
+        finally:
+            if live is not None:
+                live.end()
+
+    name_knob_parameters(respond)
+    return respond
+
+
+def typed_turn(respond: Callable[..., AsyncIterator[list[gr.ChatMessage]]],
+               chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
+    async def turn(
+        message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
+        *knob_values: float,
+    ) -> AsyncIterator[tuple[Any, Any, Any]]:
+        """A message typed on the page, the whole turn in one queued event: the message box, the
+        chat, and (at the end) the server's copy of the chat."""
+        if not str(message).strip():
+            gr.Warning("Type a message first.")
+            yield gr.skip(), gr.skip(), gr.skip()
+            return
+        asked = [*(history or []), {"role": "user", "content": message}]
+        yield gr.update(value="", interactive=False), asked, gr.skip()
+        reply: list[gr.ChatMessage] = []
+        async for reply in respond(message, history or [], request, preset_name, system_prompt, *knob_values):
+            yield gr.skip(), [*asked, *reply], gr.skip()
+        done = [*asked, *reply]
+        # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
+        yield gr.update(interactive=True), done, chatbot.preprocess(chatbot.postprocess(done))
+
+    name_knob_parameters(turn)
+    return turn
+
+
+INTERNAL: dict[str, Any] = {"queue": False, "api_visibility": "undocumented"}
+
+
+def chat_actions(service: ChatService, chatbot: gr.Chatbot, textbox: gr.Textbox) -> gr.Markdown:
+    """Stop and Save beneath the chat, Undo's message back in the box; returns the engine line."""
+    async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        service.stop(stop_key(request))
+
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")
         save_button = gr.Button("Save conversation", elem_id="save", scale=0, min_width=170, size="sm")
     # Kept current by the page itself (engine_line.js asks /status), not by a Gradio timer.
     status = gr.Markdown("Engine: checking…", elem_id="engine-status")
     saved_file = gr.File(label="Conversation as Markdown", visible=False, elem_id="saved-file", interactive=False)
-
-    internal = {"queue": False, "api_visibility": "undocumented"}
-    stop_button.click(stop, None, None, **internal)
+    stop_button.click(stop, None, None, **INTERNAL)
     # One click saves: the file is written, and the page follows its link as soon as it shows.
     save_button.click(
-        lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **internal
-    ).then(None, js=DOWNLOAD_SAVED, **internal)
+        lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **INTERNAL
+    ).then(None, js=DOWNLOAD_SAVED, **INTERNAL)
     # Undo puts the message back in the box to be changed and sent again (Gradio puts it into the
     # ChatInterface's own box, which is hidden here).
-    chatbot.undo(undone_message, None, [textbox], **internal)
-    reopen_where_left(chat, chatbot, parts)
-    previous = gr.State(default.name)  # the preset before a switch: which settings the person changed
+    chatbot.undo(undone_message, None, [textbox], **INTERNAL)
+    return status
+
+
+def switch_presets(service: ChatService, settings: Settings, title: gr.Markdown, status: gr.Markdown,
+                   examples_of: gr.Chatbot | None) -> None:
+    """A preset picked in the list: its card, ranges and (`examples_of` that chat) examples, and its
+    engine started or woken at once. Gradio wires clicks on a chat's examples only when it starts
+    with some, so presets' own examples replace each other only then."""
+    async def on_preset_change(name: str, previous_name: str, system_prompt: str, *knob_values: Any) -> list[Any]:
+        """The new preset's card and ranges; what the person changed in the settings stays (where
+        it fits the new ranges: a sentence says what had to move), the rest take its defaults."""
+        preset = service.preset(name)
+        try:
+            previous = service.preset(previous_name)
+        except ChatError:
+            previous = preset
+        values = dict(zip([knob.name for knob in previous.sampling.knobs], knob_values, strict=False))
+        kept, notes = preset.sampling.carried_over(previous.sampling, values, preset.name)
+        card = preset_card(preset) + "".join(f"\n\n⚠️ {html.escape(note)}" for note in notes)
+        prompt = system_prompt if system_prompt != previous.system_prompt else preset.system_prompt
+        updates: list[Any] = [title_of(preset), card, prompt, preset.name]
+        for knob in preset.sampling.knobs:
+            updates.append(gr.update(minimum=knob.minimum, maximum=knob.maximum, value=kept[knob.name]))
+        if examples_of is not None:
+            updates.append(gr.update(examples=[{"text": example} for example in preset.examples] or None))
+        return updates
+
+    async def warm_up(name: str) -> str:
+        """Start loading (or wake) the chosen preset's engine as soon as it is picked."""
+        service.registry.prepare(service.preset(name))
+        return service.engine_line(name)
+
+    previous = gr.State(service.preset(None).name)  # the preset before a switch: which settings the person changed
     settings.preset.change(
         on_preset_change,
         [settings.preset, previous, settings.system_prompt, *settings.knobs],
-        [title, settings.card, settings.system_prompt, previous, *settings.knobs,
-         *([chatbot] if switch_examples else [])],
-        **internal,
-    ).then(warm_up, [settings.preset], [status], **internal)
+        [title, settings.card, settings.system_prompt, previous, *settings.knobs, *([examples_of] if examples_of else [])],
+        **INTERNAL,
+    ).then(warm_up, [settings.preset], [status], **INTERNAL)
 
 
 def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatParts) -> None:

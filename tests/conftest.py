@@ -228,6 +228,20 @@ def browser():
         browser.close()
 
 
+@pytest.fixture
+def page(browser, app_server, request):
+    """A fresh page on the app, at a laptop's size; its screenshot lands in tests/output/ after the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_server.url)
+    page.wait_for_selector("#message textarea")
+    yield page
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
+    context.close()
+
+
 def small_preset(folder: Path, name: str, *, context: int = 1024, **fields: object) -> Path:
     """Write a preset of the embedded model with a small KV cache (a separate engine per context
     length); `fields` add or replace top-level keys such as description or system_prompt."""

@@ -18,19 +18,6 @@ REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
 REPLY_TITLE = "#chatbot .bot-row .thought .title"
 
 
-@pytest.fixture
-def page(browser, app_server, request):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
-    yield page
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
-    context.close()
-
-
 def send(page, text: str) -> None:
     box = page.locator("#message textarea")
     box.fill(text)

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from chat.stats import REPLIED
-from tests.conftest import OUTPUT
 
 pytestmark = pytest.mark.browser
 
@@ -125,19 +124,6 @@ def check_samples(samples: list[dict], line_px: int = 26) -> None:
     bad = [(n, p) for n, s in enumerate(samples) for p in problems(s)]
     bad += [(n, p) for n, (a, b) in enumerate(zip(samples, samples[1:], strict=False), 1) for p in moved(a, b, line_px)]
     assert not bad, f"{len(bad)} broken moments of {len(samples)}, first: {bad[:3]}"
-
-
-@pytest.fixture
-def page(browser, app_server, request):
-    context = browser.new_context(viewport={"width": 1366, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
-    yield page
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
-    context.close()
 
 
 def test_every_moment_of_a_reply_with_a_list_a_table_and_code_renders_as_formatted_text(page):

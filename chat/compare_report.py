@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.compare import HIDDEN, HIDDEN_STATS, Comparison
+from chat.exports import spreadsheet_safe, write_texts
 from chat.sampling import KNOB_NAMES, KNOBS, Sampling
 from chat.stats import percentile
 
@@ -104,8 +105,8 @@ def to_csv(comparison: Comparison) -> str:
         vote = turn["vote"] or {}
         for reply in turn["replies"]:
             row = {
-                "turn": turn["number"], "prompt": _cell(turn["prompt"]), "column": reply["column"],
-                "preset": reply["preset"], "attempt": reply["attempt"], "text": _cell(reply["text"]),
+                "turn": turn["number"], "prompt": spreadsheet_safe(turn["prompt"]), "column": reply["column"],
+                "preset": reply["preset"], "attempt": reply["attempt"], "text": spreadsheet_safe(reply["text"]),
                 "error": reply["error"] or "", "notice": reply["notice"] or "",
                 "vote": vote.get("text", ""), "vote_cast_blind": vote.get("cast_blind", ""),
                 "won": "" if not vote else vote["choice"] == reply["column"],
@@ -115,13 +116,6 @@ def to_csv(comparison: Comparison) -> str:
             row.update({key: "" if value is None else value for key, value in (reply["stats"] or {}).items()})
             writer.writerow(row)
     return out.getvalue()
-
-
-def _cell(text: str) -> str:
-    """Text a spreadsheet will not run as a formula (a reply can be steered into writing one)."""
-    if text[:1] in ("=", "+", "@") or (text[:1] == "-" and text[1:2] not in (" ", "")):
-        return "'" + text
-    return text
 
 
 def to_markdown(comparison: Comparison) -> str:
@@ -180,11 +174,5 @@ def _number(value: float | None) -> str:
 
 def write_exports(comparison: Comparison, directory: Path) -> dict[str, Path]:
     """Write comparison.md, .csv and .json into `directory` (a server temp dir); return them by format."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {"md": to_markdown(comparison), "csv": to_csv(comparison), "json": to_json(comparison)}
-    paths = {}
-    for ext, text in files.items():
-        path = directory / f"comparison.{ext}"
-        path.write_text(text, encoding="utf-8", newline="")
-        paths[ext] = path
-    return paths
+    return write_texts(directory, "comparison", {"md": to_markdown(comparison), "csv": to_csv(comparison),
+                                                 "json": to_json(comparison)})

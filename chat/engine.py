@@ -1,5 +1,6 @@
 """One vLLM `AsyncLLM`, shared by every user of one model configuration: with chat/engine_core.py
-(engine cores that several processes share), the app's door to vLLM.
+(engine cores that several processes share) and chat/engine_load.py (the scheduler's reports), the
+app's door to vLLM.
 
 An `Engine` goes STARTING -> READY, or -> FAILED (with a message for people), and -> CLOSED when
 unloaded (chat/registry.py decides when). It owns what it knows about its requests (streams in
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from chat.engine_core import EngineSlot, SharedCore, engine_args, engine_arguments, join_core, on_cpu
+from chat.engine_load import EngineLoad, load_recorder
 from chat.errors import EngineBusy, EngineError, EngineFailed, SettingsError
 from chat.models import resolve_model, weights_bytes
 from chat.presets import Preset
@@ -45,47 +47,6 @@ class EngineState(enum.Enum):
     SLEEPING = "sleeping"  # CUDA sleep mode: weights parked in CPU memory, GPU memory free
     FAILED = "failed"
     CLOSED = "closed"
-
-
-@dataclass
-class EngineLoad:
-    """The scheduler's view after its latest step (written by vLLM's stats hook)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0  # 0..1
-    prefix_cache_hits: int = 0
-    prefix_cache_queries: int = 0
-    generated_tokens: int = 0  # since the engine started
-    updated_at: float = 0.0  # wall clock of the latest scheduler step seen (several clients: the newest wins)
-
-
-def _load_recorder(load: EngineLoad) -> Callable[..., Any]:
-    """A vLLM per-engine stat-logger factory that copies scheduler stats into `load`."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class LoadRecorder(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-            if iteration_stats is not None:
-                load.generated_tokens += iteration_stats.num_generation_tokens
-            if scheduler_stats is None:
-                return
-            load.updated_at = time.time()
-            load.running = scheduler_stats.num_running_reqs
-            load.waiting = scheduler_stats.num_waiting_reqs
-            load.kv_cache_usage = scheduler_stats.kv_cache_usage
-            prefix = scheduler_stats.prefix_cache_stats
-            if prefix is not None:
-                load.prefix_cache_hits += prefix.hits
-                load.prefix_cache_queries += prefix.queries
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return LoadRecorder
 
 
 @dataclass(frozen=True)
@@ -338,7 +299,7 @@ class Engine:
         self.phase = "finding the model"
         folder = resolve_model(self.preset, report=self._report)
         self.model_dir = folder
-        stat_loggers = [_load_recorder(self.load)]
+        stat_loggers = [load_recorder(self.load)]
         if self.slot is not None:  # the engine's memory is the owner's, not this budget's
             self.phase = "joining the shared engine"
             self.llm = join_core(self.preset, folder, self.slot, stat_loggers)

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from chat.compare import ALL_BAD, TIE
-from chat.votes import VoteRecord, spreadsheet_safe
+from chat.exports import spreadsheet_safe, write_texts
+from chat.votes import VoteRecord
 
 BASE, SCALE = 1000.0, 400.0
 ROUNDS = 1000  # bootstrap refits; about half a second for a handful of presets
@@ -242,10 +243,4 @@ async def rank_async(votes: Sequence[VoteRecord], **options: Any) -> Leaderboard
 
 def write_exports(board: Leaderboard, directory: Path) -> dict[str, Path]:
     """Write leaderboard.csv and leaderboard.json into `directory`; return them by format."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for ext, text in {"csv": board.to_csv(), "json": board.to_json()}.items():
-        path = directory / f"leaderboard.{ext}"
-        path.write_text(text, encoding="utf-8", newline="")
-        paths[ext] = path
-    return paths
+    return write_texts(directory, "leaderboard", {"csv": board.to_csv(), "json": board.to_json()})

@@ -4,7 +4,7 @@
     record = store.record(comparison, turn_index, session)    # after comparison.vote(choice)
     await store.record_async(comparison, turn_index, session) # the same, off the event loop
     store.votes()                                             # every VoteRecord, oldest first
-    write_exports(store.votes(), directory)                   # votes.csv and votes.json
+    vote_exports.write_exports(store.votes(), directory)      # votes.csv and votes.json (chat/vote_exports.py)
 
 A record holds what a reader of the leaderboard may ask about: each column's preset, model, engine
 arguments, system prompt and exact sampling values, the prompt, each column's reply and its stats,
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
 import hashlib
-import io
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,7 +38,6 @@ from typing import Any
 from chat.compare import ALL_BAD, LABELS, MAX_COLUMNS, MIN_COLUMNS, TIE, Comparison
 from chat.embedded import cache_root
 from chat.errors import ChatError, InputError
-from chat.sampling import KNOB_NAMES
 from chat.voters import Voter, VoterKeys
 
 FILE_NAME = "votes.sqlite3"
@@ -325,10 +322,6 @@ class VoteStore:
     async def reset_async(self) -> int:
         return await asyncio.to_thread(self.reset)
 
-    async def export_async(self, directory: Path) -> dict[str, Path]:
-        """Write votes.csv and votes.json into `directory`; return them by format."""
-        return await asyncio.to_thread(lambda: write_exports(self.votes(), directory))
-
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -347,75 +340,3 @@ def _record_of(row: sqlite3.Row) -> VoteRecord:
         prompt=row["prompt"], choice=row["choice"], blind=bool(row["blind"]), columns=columns, voter=row["voter"],
         address=row["address"], id=row["id"],
     )
-
-
-# --- exports -------------------------------------------------------------------------------
-
-
-def spreadsheet_safe(value: object) -> object:
-    """Text a spreadsheet will not run as a formula (a prompt or a reply can be written to be one);
-    numbers pass as they are. As chat.compare does, plus a leading tab or carriage return."""
-    if not isinstance(value, str):
-        return value
-    if value[:1] in ("=", "+", "@", "\t", "\r") or (value[:1] == "-" and value[1:2] not in (" ", "")):
-        return "'" + value
-    return value
-
-
-STATS_FIELDS = (
-    "first_token_s", "tokens_per_s", "generated_tokens", "prompt_tokens", "cached_prompt_tokens", "total_s",
-    "queue_s", "prefill_s", "decode_s", "engine_wait_s", "finish", "context_limit",
-)
-CSV_FIELDS = (
-    "vote", "cast_at", "session", "voter", "comparison", "turn", "blind", "prompt", "choice", "column", "preset", "outcome",
-    "model", "engine", "system_prompt", *KNOB_NAMES, *STATS_FIELDS, "attempts", "error", "text",
-)
-
-
-def outcome(record: VoteRecord, column: ColumnVote) -> str:
-    """What the vote said about this column: won, lost, tie or all bad."""
-    if record.choice == TIE:
-        return "tie"
-    if record.choice == ALL_BAD:
-        return "all bad"
-    return "won" if column.label == record.choice else "lost"
-
-
-def votes_csv(records: Sequence[VoteRecord]) -> str:
-    """One row per column of each vote, the vote's own fields repeated on each of its rows."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    for record in records:
-        for column in record.columns:
-            row: dict[str, object] = {
-                "vote": record.id, "cast_at": record.cast_at, "session": record.session, "voter": record.voter,
-                "comparison": record.comparison, "turn": record.turn, "blind": record.blind, "prompt": record.prompt,
-                "choice": record.choice, "column": column.label, "preset": column.preset,
-                "outcome": outcome(record, column), "model": column.model,
-                "engine": json.dumps(column.engine, sort_keys=True, default=str), "system_prompt": column.system_prompt,
-                "attempts": column.attempts, "error": column.error or "", "text": column.text,
-                **column.sampling,
-            }
-            row.update({key: "" if value is None else value for key, value in (column.stats or {}).items()
-                        if key in STATS_FIELDS})
-            writer.writerow({key: spreadsheet_safe(value) for key, value in row.items()})
-    return out.getvalue()
-
-
-def votes_json(records: Sequence[VoteRecord]) -> str:
-    data = {"kind": "vllm-chat-demo votes", "version": SCHEMA_VERSION,
-            "exported": datetime.now(UTC).isoformat(timespec="seconds"),
-            "votes": [record.as_dict() for record in records]}
-    return json.dumps(data, indent=2, ensure_ascii=False, default=str)
-
-
-def write_exports(records: Sequence[VoteRecord], directory: Path) -> dict[str, Path]:
-    """Write votes.csv and votes.json into `directory` (a server temp dir); return them by format."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for ext, text in {"csv": votes_csv(records), "json": votes_json(records)}.items():
-        path = directory / f"votes.{ext}"
-        path.write_text(text, encoding="utf-8", newline="")
-        paths[ext] = path
-    return paths

@@ -21,15 +21,8 @@ from chat.compare import ALL_BAD, LABELS, TIE, Column, Comparison
 from chat.errors import ChatError, InputError
 from chat.sampling import SamplingRules
 from chat.stats import Finish, ReplyStats
-from chat.votes import (
-    VoteStore,
-    comparison_id,
-    default_path,
-    session_digest,
-    votes_csv,
-    votes_json,
-    write_exports,
-)
+from chat.vote_exports import votes_csv, votes_json, write_exports
+from chat.votes import VoteStore, comparison_id, default_path, session_digest
 from tests.conftest import ROOT
 
 SESSION = "a1b2c3d4e5"

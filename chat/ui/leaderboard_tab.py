@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from chat import leaderboard, votes
+from chat import leaderboard, vote_exports, votes
 from chat.admin import NOT_ADMIN, Admins
 from chat.charts import Interval, interval_chart
 from chat.leaderboard import BASE, FEW_VOTES, METHOD, ROUNDS, SCALE, Leaderboard, rank_async
@@ -85,7 +85,7 @@ class Standings:
             return view
 
     def _write(self, records: list[votes.VoteRecord], board: Leaderboard, folder: Path) -> dict[tuple[str, str], Path]:
-        files = {("votes", ext): path for ext, path in votes.write_exports(records, folder).items()}
+        files = {("votes", ext): path for ext, path in vote_exports.write_exports(records, folder).items()}
         files.update({("leaderboard", ext): path for ext, path in leaderboard.write_exports(board, folder).items()})
         for old in sorted(self._root.iterdir())[:-KEEP_EXPORTS]:
             shutil.rmtree(old, ignore_errors=True)

@@ -17,13 +17,20 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chat import logs
 from chat.presets import PresetCatalog
 
 if TYPE_CHECKING:
+    from chat.auth import Login
+    from chat.capacity_run import CapacityLab
+    from chat.monitor import Monitor
+    from chat.owner_link import OwnerLink
+    from chat.presets import Preset
     from chat.registry import EngineRegistry
+    from chat.service import ChatService
+    from chat.votes import VoteStore
 
 log = logging.getLogger("chat")
 QUEUE_SLOTS = 1024
@@ -96,13 +103,39 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     if worker is None:
         for problem in catalog.problems.values():
             log.warning("Preset unavailable: %s", problem)
-    # Heavy imports (vLLM, Gradio) only once we know we will serve.
-    from starlette.middleware import Middleware
-    from starlette.middleware.gzip import GZipMiddleware
+    try:
+        app = assemble(args, catalog, worker)
+    except Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    launch(app, args, worker)
+    return 0
 
-    from chat import metrics
+
+class Refused(Exception):
+    """The flags cannot make an app; the message says why and what to pass instead."""
+
+
+@dataclass
+class App:
+    """What one process serves: its engines (or its link to the owner's), the service on them, the page."""
+
+    service: ChatService
+    registry: EngineRegistry
+    default: Preset
+    store: VoteStore
+    login: Login | None
+    link: OwnerLink | None
+    lab: CapacityLab | None
+    monitor: Monitor
+    demo: Any
+
+
+def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | None) -> App:
+    """The engines' registry, the reply service and the page, from the flags; Refused with a sentence."""
+    # Heavy imports (vLLM, Gradio) only once we know we will serve.
     from chat.admin import Admins
-    from chat.auth import Login, LoginLimit
+    from chat.auth import Login
     from chat.capacity_run import CapacityLab
     from chat.engine_core import on_cpu
     from chat.errors import ChatError, PresetError
@@ -111,24 +144,19 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
     from chat.service import ChatService
-    from chat.ui import CSS, HEAD, build_ui
+    from chat.ui import build_ui
     from chat.ui.gradio_internals import UntestedGradio
-    from chat.ui.style import THEME
-    from chat.voters import VoterCookie
     from chat.votes import VoteStore
-    from chat.web import routes
 
     try:
         login = Login.parse(args.auth)
         admins = Admins.parse(args.admins, local=args.admin_local, login=login)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     try:
         store = VoteStore(args.votes_db)
     except ChatError as exc:
-        print(exc.message, file=sys.stderr)
-        return 2
+        raise Refused(exc.message) from exc
     try:
         default = catalog.get(args.preset)
         link = OwnerLink(worker.folder, worker.index) if worker is not None else None
@@ -138,49 +166,64 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer)
         service.preset(None)
     except PresetError as exc:
-        print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
-        return 2
+        raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc
     monitor = Monitor(registry)
-    shutdown = Shutdown(registry)
     lab = CapacityLab(service, lease=link) if admins.anyone_can_be else None
     try:
         demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
                         lab=lab)
     except UntestedGradio as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
+    return App(service, registry, default, store, login, link, lab, monitor, demo)
+
+
+def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
+    """Serve the page, the routes beside it and the engines' background work until interrupted."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.gzip import GZipMiddleware
+
+    from chat import metrics
+    from chat.auth import LoginLimit
+    from chat.owner_link import LinkedRegistry
+    from chat.ui import CSS, HEAD
+    from chat.ui.style import THEME
+    from chat.voters import VoterCookie
+    from chat.web import routes
+
+    registry, shutdown = app.registry, Shutdown(app.registry)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: object) -> AsyncIterator[None]:
+    async def lifespan(_: object) -> AsyncIterator[None]:
         loop = shutdown.loop = asyncio.get_running_loop()
         background = []
-        if link is not None and isinstance(registry, LinkedRegistry):
-            await link.open()
+        if app.link is not None and isinstance(registry, LinkedRegistry):
+            await app.link.open()
             background.append(loop.create_task(registry.report()))
-        first = registry.start(default)  # in the background; the page is usable while it loads
-        background += [loop.create_task(registry.watch()), loop.create_task(monitor.run())]
+        first = registry.start(app.default)  # in the background; the page is usable while it loads
+        background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run())]
         if worker is None:  # a worker's address is private: the supervisor announces the public one
             background.append(loop.create_task(
-                logs.say_when_ready(first, lambda: demo.local_url, lambda: demo.share_url)))
+                logs.say_when_ready(first, lambda: app.demo.local_url, lambda: app.demo.share_url)))
         yield
         for task in background:
             task.cancel()
         await registry.close_all()
-        store.close()
+        app.store.close()
 
-    middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=store.keys)]
-    if login is not None:
+    middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=app.store.keys)]
+    if app.login is not None:
         middleware.append(Middleware(LoginLimit))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
-    demo.launch(
+    extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login)]
+    app.demo.launch(
         css=CSS,
         theme=THEME,
         head=HEAD,
         server_name=args.host,
         server_port=args.port,
         share=args.share,
-        auth=login.accounts if login else None,
+        auth=app.login.accounts if app.login else None,
         show_error=False,
         quiet=worker is not None,
         # Gradio's queue runs at most max_threads events at once (40 by default), whatever their
@@ -189,7 +232,5 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
         max_threads=QUEUE_SLOTS,
         # Gradio compresses its scripts but not the page itself (its config: ~340 KB, ~30 KB gzipped).
         # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
-        app_kwargs={"middleware": middleware, "lifespan": lifespan,
-                    "routes": [*routes(service, login, grace_s=args.resume_grace_s, lab=lab), *metrics.routes(login)]},
+        app_kwargs={"middleware": middleware, "lifespan": lifespan, "routes": extra_routes},
     )
-    return 0

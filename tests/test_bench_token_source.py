@@ -11,6 +11,8 @@ import pytest
 
 from bench.token_source import NotSimulated, install, uninstall
 
+pytestmark = pytest.mark.engine  # each test starts a real AsyncLLM (a token source in front of it)
+
 STEP_S = 0.02
 
 

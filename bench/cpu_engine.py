@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 
 from bench.common import summarize
+from bench.paths import raw_path
 from bench.procs import ROOT, machine_busy_seconds, tree_cpu_seconds
-from bench.run import DEFAULT_PRESET, RESULTS, raw_path
+from bench.run import DEFAULT_PRESET, RESULTS
 
 VENV_LIB = Path(sys.prefix) / "lib"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4

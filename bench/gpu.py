@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
+from bench.paths import Target, app_path, browser_path, measure, raw_path, websocket_path
 from bench.procs import ROOT
-from bench.run import Target, app_path, browser_path, measure, raw_path, versions, websocket_path
+from bench.run import versions
 from chat.presets import load_preset
 
 SHAPES = {

@@ -4,7 +4,7 @@
 
 Each visitor is a gradio_client (it keeps the front door's cookie, as a browser does) that sends
 one prompt to two presets on different engines through `/compare`, in a new comparison each time,
-again and again until the chat burst has ended. The burst is measured as in the closed loop (bench.run.measure); each
+again and again until the chat burst has ended. The burst is measured as in the closed loop (bench.paths.measure); each
 comparison's columns give their time to first token from their stats lines.
 """
 
@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from bench.run import Target, measure
+from bench.paths import Target, measure
 from chat.stats import SUMMARY
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.run import DEFAULT_PRESET, RESULTS, app_path, raw_path, wait_ready
+from bench.paths import app_path, raw_path, wait_ready
+from bench.run import DEFAULT_PRESET, RESULTS
 
 NAMES = {"frontend": None, "enginecore": "VLLM::EngineCore", "worker": "VLLM::Worker"}
 

@@ -170,7 +170,7 @@ def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMes
             async with contextlib.aclosing(service.reply(ask)) as events:
                 async for event in events:
                     if live is not None and isinstance(event, Writing):
-                        live.write(event.reply.text, event.line())
+                        live.write(event.reply.text, event.line)
                         if not live.redraw_due():
                             continue
                     yield event_messages(event, live)

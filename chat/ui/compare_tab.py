@@ -247,7 +247,7 @@ class CompareTab:
             # Blind, the line beneath each column is "Writing…" until the vote: its figures would
             # tell the columns apart, so they do not travel with the text either.
             each.on_writing = (lambda event, live=live: live.write(event.reply.text)) if blind else \
-                (lambda event, live=live: live.write(event.reply.text, event.line()))
+                (lambda event, live=live: live.write(event.reply.text, event.line))
         try:
             yield first
             async with contextlib.aclosing(self.comparisons.write(jobs, REDRAW_S if browser else 0.0)) as redraws:

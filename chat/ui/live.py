@@ -25,6 +25,7 @@ import html
 import re
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
@@ -38,6 +39,7 @@ MARKED = (_HERE / "vendor" / "marked-12.0.2.min.js").read_text(encoding="utf-8")
 SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
 HEAD = f"<script>(function (define, module, exports) {{\n{MARKED}\n}}).call(window);</script><script>{SCRIPT}</script>"
 REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the box shows the rest)
+LINE_EVERY_S = 0.1  # the line beneath a reply travels with its text at most this often
 # The box, as it appears in the reply's Markdown: in class names, because Gradio's HTML sanitiser
 # keeps classes and drops data- attributes; a blank line after it, so the text is Markdown again.
 PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n')
@@ -57,13 +59,17 @@ class LiveText:
         self.redraw_s = redraw_s
         self.sent = 0  # characters of the reply written into the log
         self.deltas = 0
-        self._drawn_at = float("-inf")
+        self._drawn_at = self._line_at = float("-inf")
 
-    def write(self, text: str, line: str | None = None) -> None:
+    def write(self, text: str, line: Callable[[], str] | None = None) -> None:
         """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
-        reply as it stands now (`line`, where the page may show it: see `line_box`)."""
+        reply as it stands now (`line()`, where the page may show it: see `line_box`), at most ten
+        times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
         if len(text) > self.sent:
-            extra = {"line": line} if line is not None else {}
+            extra = {}
+            now = time.monotonic()
+            if line is not None and now - self._line_at >= LINE_EVERY_S:
+                extra["line"], self._line_at = line(), now
             self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
             self.sent, self.deltas = len(text), self.deltas + 1
 

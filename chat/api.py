@@ -46,6 +46,7 @@ from chat.api_schema import (
     plain_validation_error,
 )
 from chat.errors import UNEXPECTED_ERROR, ChatError, Stopped
+from chat.history import clean_text
 from chat.reply_log import GRACE_S, ReplyLog, ReplyStore
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting
 
@@ -142,10 +143,10 @@ class Connection:
         try:
             try:
                 data = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 raise ApiError("bad_json", "That message is not valid JSON; send one JSON object per message.") from None
             if isinstance(data, dict) and isinstance(data.get("id"), str):
-                request_id = data["id"][:128]
+                request_id = clean_text(data["id"][:128])  # a lone surrogate could not be sent back
             try:
                 request = REQUEST.validate_python(data)
             except ValidationError as exc:

@@ -134,7 +134,8 @@ class PresetCatalog:
         if name in by_file:
             return by_file[name]
         known = ", ".join(sorted(self.presets)) or "none"
-        raise PresetError(f"There is no preset named {name!r}; the presets are: {known}.")
+        shown = repr(name[:100]) + ("…" if len(name) > 100 else "")  # a stranger's name can be any length
+        raise PresetError(f"There is no preset named {shown}; the presets are: {known}.")
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chat")
 QUEUE_SLOTS = 1024
+MAX_UPLOAD = "1mb"  # the page takes no uploads; Gradio's /upload would otherwise store a file of any size
 CLOSE_WAIT_S = 30.0
 
 
@@ -186,6 +187,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat.auth import LoginLimit
     from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD
+    from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
     from chat.web import routes
@@ -210,7 +212,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
         await registry.close_all()
         app.store.close()
 
-    middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=app.store.keys)]
+    middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=app.store.keys),
+                  Middleware(PlainGradioErrors)]
     if app.login is not None:
         middleware.append(Middleware(LoginLimit))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
@@ -225,6 +228,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
         share=args.share,
         auth=app.login.accounts if app.login else None,
         show_error=False,
+        max_file_size=MAX_UPLOAD,
         quiet=worker is not None,
         # Gradio's queue runs at most max_threads events at once (40 by default), whatever their
         # concurrency limits: beyond that, readers would wait in Gradio's queue, not in vLLM's batch.
@@ -232,5 +236,6 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
         max_threads=QUEUE_SLOTS,
         # Gradio compresses its scripts but not the page itself (its config: ~340 KB, ~30 KB gzipped).
         # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
-        app_kwargs={"middleware": middleware, "lifespan": lifespan, "routes": extra_routes},
+        app_kwargs={"middleware": middleware, "lifespan": lifespan, "routes": extra_routes,
+                    "exception_handlers": PLAIN_REQUEST_ERRORS},
     )

@@ -35,6 +35,7 @@ from chat.sampling import Sampling
 from chat.stream import Reply, paced
 
 log = logging.getLogger(__name__)
+UNKNOWN_PRESET = "(unknown preset)"
 
 MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
 
@@ -125,6 +126,8 @@ class ChatService:
 
     def preset(self, name: str | None) -> Preset:
         """A preset this machine can run, by name; PresetError says why not otherwise."""
+        if name is not None and not isinstance(name, str):
+            raise PresetError(f"A preset is named by text; {str(name)[:100]!r} is not a preset's name.")
         preset = self.catalog.get(name or self.default_preset)
         if preset.needs_gpu and not self.has_gpu:
             raise PresetError(self.catalog.unusable(has_gpu=False)[preset.name])
@@ -157,7 +160,7 @@ class ChatService:
         traceback and end as Failed with a generic sentence. Closing the iterator aborts the reply.
         """
         ticket = self._issue(request.stop_key)
-        preset_name = request.preset or self.default_preset
+        preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
         reply: Reply | None = None
         try:
             preset = self.preset(request.preset)

@@ -187,7 +187,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat.auth import LoginLimit
     from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD
-    from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors
+    from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
     from chat.web import routes

@@ -126,7 +126,7 @@ def test_a_lone_surrogate_is_replaced_not_fatal(app_server, client, body):
 def test_an_event_called_with_inputs_that_do_not_fit_gets_a_sentence_not_a_traceback(app_server, client, body):
     import httpx
 
-    from chat.ui.gradio_internals import BAD_INPUTS
+    from chat.ui.gradio_errors import BAD_INPUTS
 
     post = httpx.post(app_server.url + "gradio_api/call/chat", content=body.encode(),
                       headers={"Content-Type": "application/json"}, timeout=30)

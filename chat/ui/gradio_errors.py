@@ -1,0 +1,193 @@
+"""What a caller gets wrong in Gradio's own machinery, answered with one sentence instead of the
+traceback Gradio would log (items 4-5 of chat/ui/gradio_internals.py, which installs them): an
+event's inputs that do not fit it, an unknown event, a request body that does not fit Gradio's
+models, an event stream for a session or event the queue does not hold, and what a caller's inputs
+break inside Gradio's own event functions. Tested with the Gradio versions gradio_internals checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import gradio
+from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
+from gradio import route_utils
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from chat.errors import ChatError
+
+log = logging.getLogger(__name__)
+
+
+BAD_INPUTS = ("This request's inputs do not fit the endpoint it called (wrong number, type or shape); nothing was "
+              "run. The page's API view (?view=api) lists what each endpoint takes.")
+
+
+def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """Gradio's checking of an event's inputs (their number, each component's own checks), with
+    what a caller got wrong answered in one sentence: Gradio would log a traceback for it, and a
+    stranger could fill the log with them."""
+    if getattr(preprocess, "plain_input_errors", False):
+        return preprocess
+
+    async def preprocess_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await preprocess(self, *args, **kwargs)
+        except gradio.Error:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # pydantic's are ValueErrors
+            log.info("Refused an event's inputs: %s", str(exc).splitlines()[0][:200])
+            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+
+    preprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
+    return preprocess_data
+
+
+NO_SUCH_EVENT = "There is no event {} on this page; the page's API view (?view=api) lists the endpoints."
+
+
+def _with_plain_unknown_events(get_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Gradio's lookup of the event a request names (by fn_index or API name), with a name that
+    is not there answered as a 404 with a sentence; Gradio would answer a 500 and log a traceback."""
+    if getattr(get_fn, "plain_unknown_events", False):
+        return get_fn
+
+    def find_event(blocks: Any, api_name: str | None, body: Any) -> Any:
+        try:
+            return get_fn(blocks, api_name, body)
+        except (KeyError, route_utils.FnIndexInferError):
+            which = f"with fn_index {body.fn_index}" if body.fn_index is not None else f"named {api_name!r}"
+            raise HTTPException(status_code=404, detail=NO_SUCH_EVENT.format(which)) from None
+
+    find_event.plain_unknown_events = True  # type: ignore[attr-defined]
+    return find_event
+
+
+async def plain_request_errors(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's answer to a body that does not fit a route's model, as one sentence (launch's
+    exception handler for RequestValidationError): without the body echoed back, however large."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    error = errors[0] if errors else {}
+    where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "query"))
+    if error.get("type") == "json_invalid":
+        sentence = "The request's body is not valid JSON."
+    elif error.get("type") == "missing":
+        sentence = f"The request is missing {where or 'its body'}."
+    else:
+        sentence = f"The request's {where or 'body'} is not what this endpoint takes: {error.get('msg', 'invalid')}."
+    return JSONResponse({"detail": sentence}, status_code=422)
+
+
+PLAIN_REQUEST_ERRORS = {RequestValidationError: plain_request_errors}  # launch(app_kwargs={"exception_handlers": ...})
+
+
+NO_SUCH_STREAM = ("There is no event {} waiting to be read; join the queue first (POST /gradio_api/queue/join "
+                  "or /gradio_api/call/<api_name>), then read its events.")
+REFUSED_REQUEST = "This request does not fit the route it was sent to; nothing was run."
+_CALL_EVENTS = re.compile(r"/gradio_api/call/(?:v2/)?[^/]+/([^/]+)/?")
+
+
+class PlainGradioErrors:
+    """ASGI middleware for Gradio's own routes (/gradio_api/...): what a caller gets wrong there is
+    answered with a 4xx and one sentence, where Gradio would answer a 500 and log a traceback.
+
+    An event stream for a session or event the queue does not hold is refused before it starts
+    (Gradio starts it, then fails inside it); any other route that raises ValueError, TypeError,
+    KeyError, IndexError or AttributeError before answering (an unknown component, a session id
+    that is not a string) is answered with REFUSED_REQUEST."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or not path.startswith("/gradio_api/"):
+            await self.app(scope, receive, send)
+            return
+        missing = self._missing_stream(scope, path)
+        if missing is not None:
+            await _send_json(send, 404, NO_SUCH_STREAM.format(missing))
+            return
+        started = False
+
+        async def watched(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            if started:
+                raise
+            log.info("Refused a request to %s: %s", path[:100], (str(exc).splitlines() or [repr(exc)])[0][:200])
+            await _send_json(send, 400, REFUSED_REQUEST)
+
+    @staticmethod
+    def _missing_stream(scope: dict[str, Any], path: str) -> str | None:
+        """What an event-stream request names that the queue does not hold (None: it holds it, or
+        this is no such request)."""
+        if scope.get("method") != "GET":
+            return None
+        queue = getattr(getattr(scope.get("app"), "get_blocks", lambda: None)(), "_queue", None)
+        if queue is None:
+            return None
+        if path.rstrip("/") == "/gradio_api/queue/data":
+            session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+            if session is not None and session not in queue.pending_messages_per_session:
+                return f"of session {session[:64]!r}"
+            return None
+        match = _CALL_EVENTS.fullmatch(path)
+        if match is None:
+            return None
+        event_id = match[1]
+        if (event_id in queue.event_ids_to_events or event_id in queue.pending_messages_per_session
+                or any(event_id in ids for ids in queue.pending_event_ids_session.values())):
+            return None
+        return f"with id {event_id[:64]!r}"
+
+
+async def _send_json(send: Any, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _with_plain_gradio_errors(call_function: Callable[..., Any]) -> Callable[..., Any]:
+    """Gradio's call of an event's function, with what a caller's inputs break inside Gradio's own
+    functions (a ChatInterface's history helpers, an event with no server function, event data
+    Gradio cannot read) answered with BAD_INPUTS. An error in this app's own functions is a bug:
+    it stays an error, logged with its traceback."""
+    if getattr(call_function, "plain_input_errors", False):
+        return call_function
+
+    async def call(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await call_function(self, block_fn, *args, **kwargs)
+        except gradio.Error:
+            raise
+        except ChatError as exc:  # our own sentence for people, which an event let through
+            log.info("An event ended with: %s", exc.message[:200])
+            raise gradio.Error(exc.message, print_exception=False) from exc
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            if str(getattr(block_fn.fn, "__module__", "") or "").startswith("chat."):
+                raise
+            log.info("Refused an event's inputs: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
+            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+
+    call.plain_input_errors = True  # type: ignore[attr-defined]
+    return call
+
+
+def install() -> None:
+    """Wrap Gradio's input checks, event lookup and event calls; idempotent."""
+    gradio.Blocks.preprocess_data = _with_plain_input_errors(gradio.Blocks.preprocess_data)
+    route_utils.get_fn = _with_plain_unknown_events(route_utils.get_fn)
+    gradio.Blocks.call_function = _with_plain_gradio_errors(gradio.Blocks.call_function)

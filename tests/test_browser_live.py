@@ -5,7 +5,6 @@ code block, or a block changing form; and text already shown stays where it is."
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -170,17 +169,18 @@ def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
     box.press("Enter")
     page.wait_for_function(f"[...document.querySelectorAll({CHAT_TITLE!r})].some(t => t.innerText.includes({REPLIED!r}))",
                            timeout=120_000)
-    time.sleep(0.3)  # a few samples of the finished reply
+    page.wait_for_function("window.__samples.length && !window.__samples[window.__samples.length - 1].live")  # finished
     samples = page.evaluate("() => { clearInterval(window.__sampler); return window.__samples; }")
     check_samples(samples)
     streaming = [s for s in samples if s["live"]]
     assert len(streaming) >= 5, f"the live text was drawn in {len(streaming)} of {len(samples)} samples"
     assert any("PRE" in [b["tag"] for b in s["blocks"]] for s in streaming), "the reply's code streamed in a code block"
     assert not samples[-1]["live"], "the finished reply is Gradio's own"
-    # The line beneath the reply keeps up with the text (Gradio alone redraws it once a second).
+    # The line beneath the reply keeps up with the text (Gradio alone redraws it once a second: at
+    # most two values within any second).
     writing = [(s["t"], s["line"]) for s in streaming if s["line"].startswith("⏳")]
     most_in_a_second = max(len({line for t, line in writing if start <= t < start + 1000}) for start, _ in writing)
-    assert most_in_a_second >= 4, f"the Writing line changed {most_in_a_second} times in its busiest second"
+    assert most_in_a_second >= 3, f"the Writing line changed {most_in_a_second} times in its busiest second"
 
 
 def test_compare_columns_stream_formatted_text_too(page):

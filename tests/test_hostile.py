@@ -224,9 +224,9 @@ async def lazy_dependencies(url: str, dependencies: list[dict], http: httpx.Asyn
 # --- the sweeps ------------------------------------------------------------------------------
 
 
-LEFT = pytest.mark.xfail(reason="issue 24, still open: Gradio's ChatInterface functions (_submit_fn, undone_message, "
-                        "its history helpers) and a concurrent second render in one session end in a traceback and an "
-                        "error of None for some hostile inputs", strict=False)
+LEFT = pytest.mark.xfail(reason="issue 24, still open: about 220 of ~1,000 junk calls of the page's events: Gradio's "
+                        "run/predict answers the sentence with status 500, ChatInterface's _save_conversation events "
+                        "give no answer, and a concurrent second render in one session fails inside Gradio", strict=False)
 
 
 @LEFT
@@ -308,8 +308,6 @@ async def test_the_queue_itself_refuses_forged_and_broken_requests_plainly(app):
     assert 400 <= unknown.status < 500 and "99999" in unknown.text, unknown
 
 
-@LEFT
-@pytest.mark.logs_errors
 async def test_named_api_routes_answer_hostile_calls_with_a_sentence(app):
     page = await config(app.url)
     names = sorted({d["api_name"] for d in page["dependencies"] if d.get("api_name")})

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -39,8 +40,9 @@ def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., An
     async def preprocess_data(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await preprocess(self, *args, **kwargs)
-        except gradio.Error:
-            raise
+        except gradio.Error as exc:  # a component's own check ("Value: … is not in the list of choices: …")
+            log.info("Refused an event's inputs: %s", str(exc.message)[:200])
+            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # pydantic's are ValueErrors
             log.info("Refused an event's inputs: %s", str(exc).splitlines()[0][:200])
             raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
@@ -160,6 +162,19 @@ async def _send_json(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_THIS_APP = str(Path(__file__).resolve().parents[1])  # the chat package
+
+
+def raised_in_this_app(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` is this app's code (a bug, to stay an error with its
+    traceback) rather than Gradio's (a caller's inputs it could not take). Not the event function's
+    module: ChatInterface wraps this app's function in its own, under the wrapped one's name."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and frame.tb_frame.f_code.co_filename.startswith(_THIS_APP)
+
+
 def _with_plain_gradio_errors(call_function: Callable[..., Any]) -> Callable[..., Any]:
     """Gradio's call of an event's function, with what a caller's inputs break inside Gradio's own
     functions (a ChatInterface's history helpers, an event with no server function, event data
@@ -177,7 +192,7 @@ def _with_plain_gradio_errors(call_function: Callable[..., Any]) -> Callable[...
             log.info("An event ended with: %s", exc.message[:200])
             raise gradio.Error(exc.message, print_exception=False) from exc
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            if str(getattr(block_fn.fn, "__module__", "") or "").startswith("chat."):
+            if raised_in_this_app(exc):
                 raise
             log.info("Refused an event's inputs: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
             raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
@@ -186,8 +201,31 @@ def _with_plain_gradio_errors(call_function: Callable[..., Any]) -> Callable[...
     return call
 
 
+def _with_plain_output_errors(postprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """Gradio's drawing of an event's outputs, with what a caller's inputs made Gradio's own
+    functions return (a ChatInterface helper given a conversation of the wrong shape) answered with
+    BAD_INPUTS. Outputs this app's own functions cannot draw are a bug: they stay an error."""
+    if getattr(postprocess, "plain_input_errors", False):
+        return postprocess
+
+    async def postprocess_data(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await postprocess(self, block_fn, *args, **kwargs)
+        except gradio.Error:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            if raised_in_this_app(exc):
+                raise
+            log.info("Refused an event's outputs: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
+            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+
+    postprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
+    return postprocess_data
+
+
 def install() -> None:
     """Wrap Gradio's input checks, event lookup and event calls; idempotent."""
     gradio.Blocks.preprocess_data = _with_plain_input_errors(gradio.Blocks.preprocess_data)
     route_utils.get_fn = _with_plain_unknown_events(route_utils.get_fn)
     gradio.Blocks.call_function = _with_plain_gradio_errors(gradio.Blocks.call_function)
+    gradio.Blocks.postprocess_data = _with_plain_output_errors(gradio.Blocks.postprocess_data)

@@ -175,57 +175,36 @@ def raised_in_this_app(exc: BaseException) -> bool:
     return frame is not None and frame.tb_frame.f_code.co_filename.startswith(_THIS_APP)
 
 
-def _with_plain_gradio_errors(call_function: Callable[..., Any]) -> Callable[..., Any]:
-    """Gradio's call of an event's function, with what a caller's inputs break inside Gradio's own
-    functions (a ChatInterface's history helpers, an event with no server function, event data
-    Gradio cannot read) answered with BAD_INPUTS. An error in this app's own functions is a bug:
-    it stays an error, logged with its traceback."""
-    if getattr(call_function, "plain_input_errors", False):
-        return call_function
+def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """One step of Gradio's work on an event (`call_function`, `postprocess_data`), with what a
+    caller's inputs break inside Gradio's own code (a ChatInterface's history helpers, an event with
+    no server function, outputs a helper made of a conversation of the wrong shape) answered with
+    BAD_INPUTS, and a ChatError an event let through answered with its own sentence. An error
+    raised in this app's own code is a bug: it stays an error, logged with its traceback."""
+    if getattr(step, "plain_input_errors", False):
+        return step
 
-    async def call(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def plain(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await call_function(self, block_fn, *args, **kwargs)
+            return await step(self, block_fn, *args, **kwargs)
         except gradio.Error:
             raise
-        except ChatError as exc:  # our own sentence for people, which an event let through
+        except ChatError as exc:
             log.info("An event ended with: %s", exc.message[:200])
             raise gradio.Error(exc.message, print_exception=False) from exc
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             if raised_in_this_app(exc):
                 raise
-            log.info("Refused an event's inputs: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
+            log.info("Refused an event's %s: %s", what, (str(exc).splitlines() or [repr(exc)])[0][:200])
             raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
 
-    call.plain_input_errors = True  # type: ignore[attr-defined]
-    return call
-
-
-def _with_plain_output_errors(postprocess: Callable[..., Any]) -> Callable[..., Any]:
-    """Gradio's drawing of an event's outputs, with what a caller's inputs made Gradio's own
-    functions return (a ChatInterface helper given a conversation of the wrong shape) answered with
-    BAD_INPUTS. Outputs this app's own functions cannot draw are a bug: they stay an error."""
-    if getattr(postprocess, "plain_input_errors", False):
-        return postprocess
-
-    async def postprocess_data(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await postprocess(self, block_fn, *args, **kwargs)
-        except gradio.Error:
-            raise
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            if raised_in_this_app(exc):
-                raise
-            log.info("Refused an event's outputs: %s", (str(exc).splitlines() or [repr(exc)])[0][:200])
-            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
-
-    postprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
-    return postprocess_data
+    plain.plain_input_errors = True  # type: ignore[attr-defined]
+    return plain
 
 
 def install() -> None:
     """Wrap Gradio's input checks, event lookup and event calls; idempotent."""
     gradio.Blocks.preprocess_data = _with_plain_input_errors(gradio.Blocks.preprocess_data)
     route_utils.get_fn = _with_plain_unknown_events(route_utils.get_fn)
-    gradio.Blocks.call_function = _with_plain_gradio_errors(gradio.Blocks.call_function)
-    gradio.Blocks.postprocess_data = _with_plain_output_errors(gradio.Blocks.postprocess_data)
+    gradio.Blocks.call_function = _with_plain_gradio_errors(gradio.Blocks.call_function, "inputs")
+    gradio.Blocks.postprocess_data = _with_plain_gradio_errors(gradio.Blocks.postprocess_data, "outputs")

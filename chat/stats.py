@@ -18,6 +18,7 @@ from chat.sampling import KNOBS, Sampling
 REPLIED = "replied after"
 """How the stats line begins once a reply has its first token; tests and benches wait for it."""
 SUMMARY = re.compile(
+    r"(?:the model took (?P<load>[\d.,]+) s to load · )?"
     rf"{REPLIED} (?P<first>[\d.,]+) s(?: \((?P<queue>[\d.,]+) s waiting in line\))?"
     r" · (?P<tokens>[\d,]+) tokens?(?: at (?P<rate>[\d.,]+) a second)? · (?P<total>[\d.,]+) s in all · (?P<finish>.+)$")
 """The stats line's numbers, for tests and benches that read them (seconds, tokens, tokens a second)."""

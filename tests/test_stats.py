@@ -25,8 +25,10 @@ def test_speed_falls_back_to_the_app_clock_without_engine_times():
 def test_summary_says_every_number_in_plain_words():
     line = make_stats().summary()
     assert line == "replied after 0.25 s (0.20 s waiting in line) · 41 tokens at 20 a second · 2.2 s in all · reached the Max tokens limit"
-    assert make_stats(engine_wait_s=3.25, queue_s=0.01, generated_tokens=3, decode_s=0.25).summary() == (
+    loaded = make_stats(engine_wait_s=3.25, queue_s=0.01, generated_tokens=3, decode_s=0.25).summary()
+    assert loaded == (
         "the model took 3.2 s to load · replied after 0.25 s · 3 tokens at 8.0 a second · 2.2 s in all · reached the Max tokens limit")
+    assert (numbers := SUMMARY.fullmatch(loaded)) and numbers["load"] == "3.2" and numbers["first"] == "0.25"
 
 
 @pytest.mark.parametrize(("tokens", "said"), [(0, "0 tokens ·"), (1, "1 token ·"), (2, "2 tokens at"), (1234, "1,234 tokens at")])

@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,11 +41,13 @@ CLOSE_WAIT_S = 30.0
 
 @dataclass(frozen=True)
 class Worker:
-    """This process is UI worker `index` of a supervisor: it serves on a private port and asks the
-    engine owner, whose socket is in `folder`, for every engine (chat/owner_link.py)."""
+    """This process is UI worker `index` of a supervisor: it serves on `listener`, a private port the
+    supervisor opened and keeps for its replacements, and asks the engine owner, whose socket is in
+    `folder`, for every engine (chat/owner_link.py)."""
 
     index: int
     folder: Path
+    listener: socket.socket
 
 
 def memory_budget(args: argparse.Namespace) -> float:
@@ -188,6 +191,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD
     from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
+    from chat.ui.gradio_internals import serve_on
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
     from chat.web import routes
@@ -218,6 +222,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
         middleware.append(Middleware(LoginLimit))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
+    if worker is not None:
+        serve_on(worker.listener)
     extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login)]
     app.demo.launch(
         css=CSS,

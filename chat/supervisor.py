@@ -53,10 +53,28 @@ STOP_WAIT_S = 15.0
 FRONT_DOOR_START_S = 10.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def private_port() -> socket.socket:
+    """A socket bound to a free loopback port, not listening: a worker listens on it, and it stays
+    bound in the supervisor for as long as the app runs. Bound without SO_REUSEADDR, it keeps every
+    other program off the port, also while no worker listens, so the front door can only ever reach
+    this app's workers there."""
+    while True:
+        with socket.socket() as chooser:
+            chooser.bind(("127.0.0.1", 0))
+            port = chooser.getsockname()[1]
+        bound = socket.socket()
+        try:
+            bound.bind(("127.0.0.1", port))  # a port number, not 0, so it stays bound through shutdown()
+            return bound
+        except OSError:  # taken in between: choose again
+            bound.close()
+
+
+def stop_listening(bound: socket.socket) -> None:
+    """A dead worker's port refuses connections (so the front door tries another worker at once)
+    but stays bound here until the replacement listens on it again."""
+    with contextlib.suppress(OSError):  # not listening
+        bound.shutdown(socket.SHUT_RD)
 
 
 def port_is_free(host: str, port: int) -> str | None:
@@ -71,30 +89,35 @@ def port_is_free(host: str, port: int) -> str | None:
     return None
 
 
-def run_worker(args: argparse.Namespace, index: int, folder: Path) -> None:
-    """A UI worker's process: chat/server.py on the private port in `args`."""
+def run_worker(args: argparse.Namespace, index: int, folder: Path, port: socket.socket) -> None:
+    """A UI worker's process: chat/server.py listening on `port`, the private port in `args`."""
     from chat.presets import load_presets
     from chat.server import Worker, serve
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the supervisor stops us
     logs.configure(verbose=args.verbose)
-    sys.exit(serve(args, load_presets(args.presets_dir), Worker(index, folder)))
+    sys.exit(serve(args, load_presets(args.presets_dir), Worker(index, folder, port)))
 
 
 @dataclass
 class WorkerProcess:
     index: int
-    port: int
+    bound: socket.socket  # private_port()
     process: BaseProcess | None = None
     state: str = "starting"  # starting, serving, restarting, stopped
+
+    @property
+    def port(self) -> int:
+        return int(self.bound.getsockname()[1])
 
 
 class Supervisor:
     def __init__(self, args: argparse.Namespace, catalog: PresetCatalog, count: int, caddy: Path,
                  folder: Path) -> None:
         self.args, self.catalog, self.caddy, self.folder = args, catalog, caddy, folder
-        self.workers = [WorkerProcess(i, free_port()) for i in range(count)]
+        self.workers = [WorkerProcess(i, private_port()) for i in range(count)]
         self.stopping = asyncio.Event()
+        self.look_now = asyncio.Event()  # set when a worker's process ends, so its port refuses at once
         self.spawn = multiprocessing.get_context("spawn")
         self.front = FrontDoor(args.host, args.port, [w.port for w in self.workers], folder)
 
@@ -103,8 +126,13 @@ class Supervisor:
         from chat.server import memory_budget
 
         loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            self.stopping.set()
+            self.look_now.set()
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self.stopping.set)
+            loop.add_signal_handler(signum, stop)
         problem = port_is_free(self.args.host, self.args.port)
         if problem is not None:
             print(f"Cannot listen on {self.args.host}:{self.args.port} ({problem}); pick another --port.", file=sys.stderr)
@@ -128,7 +156,8 @@ class Supervisor:
                     print(logs.ready_line(default.name, url), flush=True)
                     announced = True
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), timeout=CHECK_EVERY_S)
+                    await asyncio.wait_for(self.look_now.wait(), timeout=CHECK_EVERY_S)
+                self.look_now.clear()
             return 0
         finally:
             started = time.monotonic()
@@ -155,10 +184,18 @@ class Supervisor:
 
     def start_worker(self, worker: WorkerProcess) -> None:
         worker_args = argparse.Namespace(**{**vars(self.args), "host": "127.0.0.1", "port": worker.port, "share": False})
-        process = self.spawn.Process(target=run_worker, args=(worker_args, worker.index, self.folder),
+        # The socket travels to the spawned process as a duplicated descriptor (multiprocessing's reduction).
+        process = self.spawn.Process(target=run_worker, args=(worker_args, worker.index, self.folder, worker.bound),
                                      name=f"UIWorker-{worker.index}")
         process.start()
         worker.process = process
+        loop, ended = asyncio.get_running_loop(), process.sentinel
+
+        def on_end() -> None:
+            loop.remove_reader(ended)
+            self.look_now.set()
+
+        loop.add_reader(ended, on_end)
 
     async def look_after(self) -> None:
         from chat import metrics
@@ -173,6 +210,7 @@ class Supervisor:
                 continue
             if not process.is_alive():
                 _metrics_of_dead_process(process.pid)
+                stop_listening(worker.bound)
                 log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
                 worker.state = "restarting"
                 metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)

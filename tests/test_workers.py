@@ -104,6 +104,17 @@ def worker_pid(app: RunningApp, port: int) -> int | None:
     return None
 
 
+def can_listen_on(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen()
+        except OSError:
+            return False
+    return True
+
+
 def pinned(app: RunningApp, worker: int) -> Client:
     """A gradio_client session that the front door sends to `worker`, as a browser with its cookie."""
     secret, ports = front_door(app)
@@ -410,7 +421,7 @@ def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(worker
 # --- faults ------------------------------------------------------------------------------------
 
 
-def test_a_killed_worker_is_replaced_and_no_request_meets_a_502(workers_app):
+def test_a_killed_worker_is_replaced_on_a_port_no_one_else_can_take_and_no_request_meets_a_502(workers_app):
     secret, ports = front_door(workers_app)
     victim = worker_pid(workers_app, ports[1])
     cookie = {"Cookie": f"{COOKIE}={worker_cookie(secret, ports[1])}"}
@@ -431,8 +442,15 @@ def test_a_killed_worker_is_replaced_and_no_request_meets_a_502(workers_app):
     try:
         wait_for(lambda: len(statuses) > 5, 30, "no answers before the kill")
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: worker_pid(workers_app, ports[1]) not in (None, victim) and serving(workers_app), 180,
-                 "the worker was not replaced")
+        taken: list[int] = []
+
+        def replaced() -> bool:
+            # Until the replacement serves, no other program can take the dead worker's port.
+            taken.extend(port for port in ports if can_listen_on(port))
+            return worker_pid(workers_app, ports[1]) not in (None, victim) and serving(workers_app)
+
+        wait_for(replaced, 180, "the worker was not replaced")
+        assert not taken, f"another program could listen on a worker's port: {taken}"
         after = len(statuses)
         wait_for(lambda: len(statuses) > after + 5, 30, "no answers after the replacement")
     finally:

@@ -36,6 +36,11 @@ engine, limited replies at 64 and more streams:
    sentence instead of a 500 and a traceback (`route_utils.get_fn`); a body that does not fit
    Gradio's request models gets a 422 and one sentence (`plain_request_errors`), not FastAPI's
    list of errors that echoes the whole body back.
+
+6. A UI worker listens on a socket its supervisor bound and keeps (`serve_on`), instead of Gradio
+   binding the port itself (`http_server.start_server`): a port picked by one process and bound
+   later by another could be taken in between by any local program, which the front door would then
+   send visitors to.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass
 from typing import Any
 
 import gradio
+from gradio import http_server
 from gradio.components import State
 from gradio.state_holder import SessionState
 from starlette.requests import HTTPConnection
@@ -301,3 +308,32 @@ def chat_parts(chat: gradio.ChatInterface) -> ChatParts:
         return ChatParts(chat.chatbot_state, chat.conversation_id, chat.saved_conversations, chat._save_conversation)
     except AttributeError as exc:
         raise UntestedGradio(f"Gradio's ChatInterface changed ({exc}); install gradio>=6.31,<6.32.") from exc
+
+
+class _ServerOnSocket(http_server.Server):
+    """Gradio's server thread (it stops with the app's `close()`), accepting on an open socket."""
+
+    def __init__(self, config: Any, listener: socket.socket) -> None:
+        super().__init__(config)
+        self.listener = listener
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        super().run(sockets=[self.listener])
+
+
+def serve_on(listener: socket.socket) -> None:
+    """Item 6: the next `launch()` in this process listens on `listener`, a socket bound to a port of
+    127.0.0.1 (uvicorn starts listening once the app has started); its `server_name` and
+    `server_port` must name that address."""
+    import uvicorn
+
+    def start_server(app: Any, server_name: str | None = None, server_port: int | None = None,
+                     **_tls: Any) -> tuple[str, int, str, http_server.Server]:
+        host, port = listener.getsockname()[:2]
+        if (server_name, server_port) != (host, port):
+            raise UntestedGradio(f"Gradio asked to serve on {server_name}:{server_port}, not on the worker's {host}:{port}.")
+        server = _ServerOnSocket(uvicorn.Config(app=app, host=host, port=port, log_level="warning"), listener)
+        server.run_in_thread()
+        return host, port, f"http://{host}:{port}/", server
+
+    http_server.start_server = start_server

@@ -14,7 +14,8 @@ the Chat tab's events as a browser does on Enter, `api` is ChatInterface's /chat
 bench/run.py and bench/gpu.py measure), `ws` is the app's WebSocket API. Each run is one burst: as
 many new conversations at once as there are streams. With several apps, every run takes each app in
 turn (rotating the order) so that drift on the machine touches them alike. Figures are defined in
-bench/frontend_stats.py; a markdown table is printed and everything goes to bench/results/.
+bench/frontend_stats.py; a markdown table is printed and everything goes to bench/results/. The apps
+(--app-root) are found, exported and started by bench/frontend_checkouts.py.
 """
 
 from __future__ import annotations
@@ -31,91 +32,19 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.common import user_message
+from bench.frontend_checkouts import PRESET, App, resolve_app, start_apps
 from bench.frontend_client import Request, capture_chat, take_turns
 from bench.frontend_stats import RunFigures, figures, table
-from bench.procs import ROOT, Server, base_env, cpu_seconds, free_port, machine_busy_seconds, python
+from bench.procs import ROOT, cpu_seconds, machine_busy_seconds
 from bench.procs_priority import prioritize
 
 RESULTS = ROOT / "bench" / "results"
-PRESET = ROOT / "bench" / "presets" / "frontend" / "token-source.yaml"
-
-
-@dataclass
-class App:
-    """One checkout's app.py, served with the token source."""
-
-    label: str
-    root: Path
-    revision: str
-    server: Server | None = None
-    url: str = ""
-    source_log: Path | None = None
-
-    def source_records(self, since: float, offset: int) -> list[dict[str, Any]]:
-        """The token source's records of requests that arrived at it since `since`."""
-        assert self.source_log is not None
-        with open(self.source_log) as f:
-            f.seek(offset)
-            records = [json.loads(line) for line in f if line.strip()]
-        return [r for r in records if r["added"] >= since]
-
-    def source_size(self) -> int:
-        assert self.source_log is not None
-        return self.source_log.stat().st_size if self.source_log.exists() else 0
-
-
-def resolve_app(spec: str) -> App:
-    """LABEL=PATH or LABEL=REV (a commit of this repository, exported once under bench/results/trees)."""
-    label, _, where = spec.rpartition("=")
-    path = Path(where)
-    if path.is_dir():
-        root = path.resolve()
-        return App(label or root.name, root, _describe(root))
-    sha = _git(ROOT, "rev-parse", "--verify", f"{where}^{{commit}}")
-    root = RESULTS / "trees" / sha[:12]
-    if not (root / "app.py").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "app.py", "chat", "presets"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    return App(label or sha[:12], root, sha[:12])
-
-
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def _describe(root: Path) -> str:
-    try:
-        sha = _git(root, "rev-parse", "--short=12", "HEAD")
-    except (subprocess.CalledProcessError, OSError):
-        return "not a git checkout"
-    dirty = _git(root, "status", "--porcelain", "--", "app.py", "chat")
-    return sha + (" + uncommitted changes to app.py/chat" if dirty else "")
-
-
-def start(apps: list[App], args: argparse.Namespace, logs: Path, preset: dict[str, Any]) -> None:
-    for app in apps:
-        port = free_port()
-        app.url = f"http://127.0.0.1:{port}/"
-        app.source_log = logs / f"source-{app.label}.jsonl"
-        env = base_env({"BENCH_APP_ROOT": str(app.root), "BENCH_STEP_MS": str(args.step_ms),
-                        "BENCH_SOURCE_LOG": str(app.source_log), "BENCH_APP_CPUS": args.app_cpus,
-                        "BENCH_NICE": str(args.nice)})
-        argv = [python(), str(ROOT / "bench" / "frontend_app.py"), "--port", str(port), "--presets-dir",
-                str(PRESET.parent), "--preset", preset["name"], "--max-waiting", "8192", *args.app_arg]
-        app.server = Server(f"app {app.label}", argv, logs / f"app-{app.label}.log", env=env).start()
-    for app in apps:
-        assert app.server is not None
-        app.server.wait_http(app.url + "healthz", timeout=900)
-        print(f"  {app.label}: ready ({app.root}, {app.revision})", flush=True)
 
 
 def client_cpu() -> float:
@@ -367,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"Starting {len(apps)} app(s) on core(s) {args.app_cpus}; client on {args.client_cpus} (logs in {logs}) ...",
               flush=True)
-        start(apps, args, logs, preset)
+        start_apps(apps, args, logs, preset)
         for app in apps:
             bench.warm_up(app, doors, histories)
         turn = 0

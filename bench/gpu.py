@@ -22,31 +22,23 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
+from bench.dummy_model import SHAPES, write_model
 from bench.paths import Target, app_path, browser_path, measure, raw_path, websocket_path
 from bench.procs import ROOT
 from bench.run import versions
+from bench.run_log import RunLog
 from chat.presets import load_preset
-
-SHAPES = {
-    # Llama-3-8B geometry with SmolLM2's 49152-token vocabulary (about 7.4 B parameters)
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, rope_theta=500000.0, tie_word_embeddings=False),
-    # SmolLM2-135M geometry (smoke runs)
-    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                 num_key_value_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
-}
 
 
 @dataclass
@@ -75,24 +67,6 @@ class AppVariant:
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
         return variant
-
-
-def write_model(model_dir: Path, tok_dir: Path, shape: str) -> dict[str, Any]:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    s = dict(SHAPES[shape])
-    theta = s.pop("rope_theta")
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "vocab_size": 49152, "bos_token_id": 1,
-           "eos_token_id": 2, "pad_token_id": 2, "attention_bias": False, "mlp_bias": False,
-           "torch_dtype": "bfloat16", "dtype": "bfloat16", "initializer_range": 0.02, "use_cache": True,
-           "rope_theta": theta, "rope_parameters": {"rope_theta": theta, "rope_type": "default"}, **s}
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-        if (tok_dir / name).exists():
-            shutil.copy(tok_dir / name, model_dir / name)
-    (model_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2,
-                                                                   "pad_token_id": 2}))
-    return cfg
 
 
 SECOND = "Llama-3-8B shape, 64 slots (dummy weights, benchmark)"
@@ -148,7 +122,7 @@ def gpu_info() -> str:
         return repr(exc)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tok", type=Path, default=ROOT / ".gpu" / "tok", help="tokenizer files (stage.sh's .gpu/tok)")
     ap.add_argument("--model-dir", type=Path, default=Path("/tmp/model-8b"))
@@ -173,21 +147,195 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
     args = ap.parse_args(argv)
     args.apps = args.apps or [AppVariant("app")]
-    t_start = time.monotonic()
-    left = lambda: args.deadline - (time.monotonic() - t_start)  # noqa: E731
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = args.out / f"gpu-{stamp}.json"
+    return args
+
+
+def engine_for(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset's engine arguments: a share of the GPU, or a tiny CPU engine for --cpu-smoke."""
+    if args.cpu_smoke:
+        return {"load_format": "dummy", "dtype": "float32", "max_model_len": 4096, "enforce_eager": True,
+                "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 64}
+    return {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096,
+            "gpu_memory_utilization": args.gpu_mem, "kv_cache_memory_bytes": int(args.kv_gib * 2**30),
+            "max_num_seqs": 256, "max_num_batched_tokens": 8192, "seed": 0}
+
+
+def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str], int],
+                  started: list[Target]) -> tuple[Target, list[Target]]:
+    """Starts the raw engine and every --app (each server joins `started` as it starts, for the
+    caller to stop); returns the raw engine and the targets to measure, the apps' other doors included."""
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
     logs = args.out / "logs"
 
+    # Separate compile caches: the engines compile at the same time.
+    def own(name: str) -> dict[str, str]:
+        return {**env, "VLLM_CACHE_ROOT": f"/tmp/vllm-cache-{name}", "TRITON_CACHE_DIR": f"/tmp/triton-{name}"}
+
+    raw = raw_path(preset, logs, own("raw"), args.context_lines)
+    started.append(raw)
+    apps = []
+    for variant in args.apps:
+        apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
+                             flush_ms=variant.flush_ms, client_procs=args.client_procs,
+                             max_threads=variant.max_threads, ui_workers=variant.ui_workers))
+        apps[-1].notes["levels"] = variant.levels
+        apps[-1].notes["measured"] = variant.api
+        started.append(apps[-1])
+    for variant, app in zip(list(args.apps), list(apps), strict=True):
+        if variant.ws:
+            ws = websocket_path(app, preset, count, args.context_lines, args.client_procs)
+            ws.notes["levels"] = variant.levels
+            apps.append(ws)
+        if variant.browser:
+            browser = browser_path(app, count, args.context_lines, args.client_procs)
+            browser.notes["levels"] = variant.levels
+            apps.append(browser)
+    return raw, apps
+
+
+def wait_until_ready(log: RunLog, raw: Target, apps: list[Target], mixed: bool) -> None:
+    """Waits for every app and the raw engine; with a mixed load, also for each app's second engine."""
+    warming = []
+    for app in (a for a in apps if a.servers):
+        app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, log.left()))
+        log.event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
+                  f"flush {app.notes['flush_ms']} ms, UI workers {app.notes.get('ui_workers') or 'auto'}); {gpu_info()}")
+        if mixed:
+            warming.append(start_in_background(app.notes["url"], SECOND))
+    raw.servers[0].receive(timeout=max(60.0, log.left()))
+    log.event("raw engine ready")
+    for thread in warming:
+        thread.join(max(60.0, log.left()))
+    if warming:
+        log.event(f"second engine ready in every app; {gpu_info()}")
+
+
+class Measurements:
+    """The measuring steps of one call, in order, and what they share: the flags, the log, this
+    benchmark's own processes (the rest count as others' load) and the next request's number (every
+    prompt is new: no reply comes from the prefix cache)."""
+
+    def __init__(self, args: argparse.Namespace, log: RunLog, our: list[int]) -> None:
+        self.args, self.log, self.our = args, log, our
+        self.index = 0
+
+    def report(self, record: dict[str, Any], label: str) -> None:
+        s = record["summary"]
+        queue = "" if s.get("queue_p50_ms") is None else \
+            f"  gradio queue p50 {s['queue_p50_ms']:6.1f} p99 {s['queue_p99_ms']:7.1f} ms"
+        self.log.event(f"{label} {record['path']:<12} ttft p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms  "
+                       f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
+                       f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}{queue}")
+
+    def closed_loop(self, raw: Target, apps: list[Target]) -> None:
+        """Level by level, every target in turn (the order rotates per level)."""
+        args, log = self.args, self.log
+        base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
+        for li, c in enumerate(int(x) for x in args.levels.split(",")):
+            if log.left() < 30:
+                log.event(f"deadline: skipping level {c} and later")
+                break
+            targets = [raw] + [a for a in apps if (not a.notes["levels"] or c in a.notes["levels"])
+                               and a.notes.get("measured", True)]
+            turn = li % len(targets)
+            for target in targets[turn:] + targets[:turn]:
+                target.run(c, c, 900_000 + self.index, 8)  # warm-up: new batch shapes compile the sampler
+                self.index += c
+                time.sleep(1)
+                n = base.get(c, c)
+                record = measure(target, c, n, self.index, args.max_tokens, self.our, keep_timelines=False)
+                self.index += n
+                log.result["closed"].append(record)
+                self.report(record, f"c={c:<3}")
+                log.save()
+
+    def mixed_loads(self, apps: list[Target], preset: Path) -> None:
+        """--mixed: on each app's browser door, a burst of chat streams while visitors compare presets."""
+        args, log = self.args, self.log
+        chat, visitors = (int(x) for x in args.mixed.split(":"))
+        for browser in (a for a in apps if a.name.endswith("-browser")):
+            if log.left() < 60:
+                log.event(f"deadline: no mixed load for {browser.name}")
+                continue
+            from bench.common import user_message
+            from bench.mixed import mixed_load
+
+            record = mixed_load(browser.notes["url"], browser, chat, visitors,
+                                (load_preset(preset).name, SECOND), args.max_tokens, self.index, self.our,
+                                user_message(self.index + chat, args.context_lines))
+            self.index += chat
+            log.result.setdefault("mixed", []).append(record)
+            self.report(record, f"mixed {chat}+{visitors}x2")
+            m = record["mixed"]
+            log.event(f"  {m['comparisons']} comparisons, first token p50 {m['comparison_ttft_ms_p50']} "
+                      f"p99 {m['comparison_ttft_ms_p99']} ms, errors {len(m['comparison_errors'])}")
+            log.save()
+
+    def at_rate(self, target: Target, rate: float) -> dict[str, Any]:
+        """Requests arriving steadily at `rate` per second for --rate-seconds."""
+        n = max(1, int(rate * self.args.rate_seconds))
+        record = measure(target, 0, n, self.index, self.args.max_tokens, self.our, rate=rate, keep_timelines=False)
+        self.index += n
+        record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
+        self.log.result["rates"].append(record)
+        self.report(record, f"rate {rate:4.1f}/s")
+        self.log.save()
+        return record
+
+    def rate_search(self, raw: Target, apps: list[Target]) -> None:
+        """Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective; then each
+        app at the highest rate that passed and the first that failed."""
+        args, log = self.args, self.log
+        best: float | None = None
+        failed: float | None = None
+        for rate in (float(x) for x in args.rates.split(",") if x):
+            if log.left() < args.rate_seconds + 45:
+                log.event(f"deadline: stopping the rate search before {rate}/s")
+                break
+            record = self.at_rate(raw, rate)
+            if record["p99_ttft_ms"] < args.ttft_slo_ms:
+                best = rate
+            else:
+                failed = rate
+                break
+        log.result["best_raw_rate"] = best
+        for rate in [r for r in (best, failed) if r]:
+            for app in (a for a in apps if not a.notes.get("bursts_only") and a.notes.get("measured", True)):
+                if log.left() < args.rate_seconds + 30:
+                    log.event(f"deadline: {app.name} not run at {rate}/s")
+                    continue
+                self.at_rate(app, rate)
+
+
+def stop_all(started: list[Target], log: RunLog, folder: Path) -> None:
+    """Stops every server, saves the result, and keeps each server's last log lines in `folder`."""
+    for target in started:
+        for server in target.servers:
+            server.stop(grace=15)
+    log.save()
+    for target in started:
+        for server in target.servers:
+            tail = folder / f"{server.log_path.stem}-tail.log"
+            tail.write_text(server.log_tail(200))
+
+
+def print_summary(log: RunLog) -> None:
+    result = log.result
+    summaries = [Summary(**r["summary"]) for r in result["closed"]]
+    print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
+    for r in result["rates"]:
+        print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
+              f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s")
+    print(f"results: {log.out}  ({time.monotonic() - log.t_start:.0f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     cfg = write_model(args.model_dir, args.tok, args.shape)
-    if args.cpu_smoke:
-        engine = {"load_format": "dummy", "dtype": "float32", "max_model_len": 4096, "enforce_eager": True,
-                  "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 64}
-    else:
-        engine = {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096,
-                  "gpu_memory_utilization": args.gpu_mem, "kv_cache_memory_bytes": int(args.kv_gib * 2**30),
-                  "max_num_seqs": 256, "max_num_batched_tokens": 8192, "seed": 0}
+    engine = engine_for(args)
     device = "cpu" if args.cpu_smoke else "gpu"
     preset = write_preset(Path("/tmp/bench-gpu-presets"), args.model_dir, engine, device, args.max_tokens)
     if args.mixed:  # the raw engine reads only the first preset (bench/raw_engine.py --preset)
@@ -197,160 +345,24 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
     count = lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
-    result: dict[str, Any] = {
+    log = RunLog(args.out / f"gpu-{stamp}.json", {
         "date": dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu_info(), "versions": versions(),
         "model_config": cfg, "engine": engine, "args": {k: str(v) for k, v in vars(args).items()},
         "weights": "random (load_format: dummy)", "closed": [], "rates": [], "events": [],
-    }
-
-    def save() -> None:
-        out.write_text(json.dumps(result, indent=1, default=str))
-
-    def event(text: str) -> None:
-        line = f"[{time.monotonic() - t_start:6.1f}s] {text}"
-        print(line, flush=True)
-        result["events"].append(line)
-
-    # Separate compile caches: the engines compile at the same time.
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    }, args.deadline, t_start)
     started: list[Target] = []
     try:
-        event(f"starting the raw engine and {len(args.apps)} app(s); {result['gpu']}")
-
-        def own(name: str) -> dict[str, str]:
-            return {**env, "VLLM_CACHE_ROOT": f"/tmp/vllm-cache-{name}", "TRITON_CACHE_DIR": f"/tmp/triton-{name}"}
-
-        raw = raw_path(preset, logs, own("raw"), args.context_lines)
-        started.append(raw)
-        apps = []
-        for variant in args.apps:
-            apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
-                                 flush_ms=variant.flush_ms, client_procs=args.client_procs,
-                                 max_threads=variant.max_threads, ui_workers=variant.ui_workers))
-            apps[-1].notes["levels"] = variant.levels
-            apps[-1].notes["measured"] = variant.api
-            started.append(apps[-1])
-        for variant, app in zip(list(args.apps), list(apps), strict=True):
-            if variant.ws:
-                ws = websocket_path(app, preset, count, args.context_lines, args.client_procs)
-                ws.notes["levels"] = variant.levels
-                apps.append(ws)
-            if variant.browser:
-                browser = browser_path(app, count, args.context_lines, args.client_procs)
-                browser.notes["levels"] = variant.levels
-                apps.append(browser)
-        warming = []
-        for app in (a for a in apps if a.servers):
-            app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, left()))
-            event(f"{app.name} ready ({app.notes['argv'][1]}, Gradio slots {app.notes['gradio_max_threads']}, "
-                  f"flush {app.notes['flush_ms']} ms, UI workers {app.notes.get('ui_workers') or 'auto'}); {gpu_info()}")
-            if args.mixed:
-                warming.append(start_in_background(app.notes["url"], SECOND))
-        raw.servers[0].receive(timeout=max(60.0, left()))
-        event("raw engine ready")
-        for thread in warming:
-            thread.join(max(60.0, left()))
-        if warming:
-            event(f"second engine ready in every app; {gpu_info()}")
-        our = [t.servers[0].pid for t in started] + [os.getpid()]
-        base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
-        index = 0
-
-        def report(record: dict[str, Any], label: str) -> None:
-            s = record["summary"]
-            queue = "" if s.get("queue_p50_ms") is None else \
-                f"  gradio queue p50 {s['queue_p50_ms']:6.1f} p99 {s['queue_p99_ms']:7.1f} ms"
-            event(f"{label} {record['path']:<12} ttft p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms  "
-                  f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
-                  f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}{queue}")
-
-        # Closed loop, level by level, every target in turn (the order rotates per level).
-        for li, c in enumerate(int(x) for x in args.levels.split(",")):
-            if left() < 30:
-                event(f"deadline: skipping level {c} and later")
-                break
-            targets = [raw] + [a for a in apps if (not a.notes["levels"] or c in a.notes["levels"])
-                               and a.notes.get("measured", True)]
-            turn = li % len(targets)
-            for target in targets[turn:] + targets[:turn]:
-                target.run(c, c, 900_000 + index, 8)  # warm-up: new batch shapes compile the sampler
-                index += c
-                time.sleep(1)
-                n = base.get(c, c)
-                record = measure(target, c, n, index, args.max_tokens, our, keep_timelines=False)
-                index += n
-                result["closed"].append(record)
-                report(record, f"c={c:<3}")
-                save()
-
+        log.event(f"starting the raw engine and {len(args.apps)} app(s); {log.result['gpu']}")
+        raw, apps = start_targets(args, preset, count, started)
+        wait_until_ready(log, raw, apps, bool(args.mixed))
+        steps = Measurements(args, log, our=[t.servers[0].pid for t in started] + [os.getpid()])
+        steps.closed_loop(raw, apps)
         if args.mixed:
-            chat, visitors = (int(x) for x in args.mixed.split(":"))
-            for browser in (a for a in apps if a.name.endswith("-browser")):
-                if left() < 60:
-                    event(f"deadline: no mixed load for {browser.name}")
-                    continue
-                from bench.common import user_message
-                from bench.mixed import mixed_load
-
-                record = mixed_load(browser.notes["url"], browser, chat, visitors,
-                                    (load_preset(preset).name, SECOND), args.max_tokens, index, our,
-                                    user_message(index + chat, args.context_lines))
-                index += chat
-                result.setdefault("mixed", []).append(record)
-                report(record, f"mixed {chat}+{visitors}x2")
-                m = record["mixed"]
-                event(f"  {m['comparisons']} comparisons, first token p50 {m['comparison_ttft_ms_p50']} "
-                      f"p99 {m['comparison_ttft_ms_p99']} ms, errors {len(m['comparison_errors'])}")
-                save()
-
-        def at_rate(target: Target, rate: float) -> dict[str, Any]:
-            """Requests arriving steadily at `rate` per second for --rate-seconds."""
-            nonlocal index
-            n = max(1, int(rate * args.rate_seconds))
-            record = measure(target, 0, n, index, args.max_tokens, our, rate=rate, keep_timelines=False)
-            index += n
-            record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
-            result["rates"].append(record)
-            report(record, f"rate {rate:4.1f}/s")
-            save()
-            return record
-
-        # Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective.
-        best: float | None = None
-        failed: float | None = None
-        for rate in (float(x) for x in args.rates.split(",") if x):
-            if left() < args.rate_seconds + 45:
-                event(f"deadline: stopping the rate search before {rate}/s")
-                break
-            record = at_rate(raw, rate)
-            if record["p99_ttft_ms"] < args.ttft_slo_ms:
-                best = rate
-            else:
-                failed = rate
-                break
-        result["best_raw_rate"] = best
-        for rate in [r for r in (best, failed) if r]:
-            for app in (a for a in apps if not a.notes.get("bursts_only") and a.notes.get("measured", True)):
-                if left() < args.rate_seconds + 30:
-                    event(f"deadline: {app.name} not run at {rate}/s")
-                    continue
-                at_rate(app, rate)
+            steps.mixed_loads(apps, preset)
+        steps.rate_search(raw, apps)
     finally:
-        for target in started:
-            for server in target.servers:
-                server.stop(grace=15)
-        save()
-        for target in started:
-            for server in target.servers:
-                tail = args.out / f"{server.log_path.stem}-tail.log"
-                tail.write_text(server.log_tail(200))
-
-    summaries = [Summary(**r["summary"]) for r in result["closed"]]
-    print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
-    for r in result["rates"]:
-        print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
-              f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s")
-    print(f"results: {out}  ({time.monotonic() - t_start:.0f} s)")
+        stop_all(started, log, args.out)
+    print_summary(log)
     return 0
 
 

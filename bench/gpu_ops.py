@@ -38,9 +38,11 @@ from typing import Any
 import psutil
 
 from bench.common import SYSTEM_PROMPT
-from bench.gpu import SHAPES, gpu_info, write_model
+from bench.dummy_model import SHAPES, write_model
+from bench.gpu import gpu_info
 from bench.procs import ROOT, Server, base_env, free_port, python
 from bench.run import versions
+from bench.run_log import RunLog
 from chat.client import ChatApiError, ReplyStream
 
 PRESETS = ("Sleepy A (8B shape, dummy weights)", "Sleepy B (8B shape, dummy weights)")
@@ -122,115 +124,132 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(run(args))
 
 
+class Conversations:
+    """The app under test, with a conversation per preset that each message on it continues."""
+
+    def __init__(self, url: str, server: Server, log: RunLog) -> None:
+        self.url, self.server, self.log = url, server, log
+        self.histories: dict[str, list[dict[str, str]]] = {preset: [] for preset in PRESETS}
+
+    async def wait_ready(self) -> None:
+        """Until /healthz answers 200; the app's first engine (A's) has started by then."""
+        while True:
+            status, body = healthz(self.url)
+            if status == 200:
+                break
+            if not self.server.alive or self.log.left() < 0:
+                raise RuntimeError("the app did not become ready:\n" + self.server.log_tail(40))
+            await asyncio.sleep(0.5)
+        self.log.result["cold_start_a_s"] = body["engines"][0]["start_seconds"]
+        self.log.event(f"A ready; engine start {self.log.result['cold_start_a_s']:.1f} s; {gpu_info()}")
+
+    async def say(self, preset: str, label: str, max_tokens: int = 32, **kw: Any) -> dict[str, Any]:
+        """One message on `preset`, recorded with what /healthz and the GPU said right after it."""
+        history = self.histories[preset]
+        turn = len(history) // 2 + 1
+        record = await message(self.url, preset, f"Turn {turn}: tell me about the sea.", history, max_tokens, **kw)
+        record["label"] = label
+        if record["error"] is None and record["finish"] is not None:
+            history += [{"role": "user", "content": f"Turn {turn}: tell me about the sea."},
+                        {"role": "assistant", "content": record["text"]}]
+        record.pop("text")
+        status, body = healthz(self.url)
+        record["healthz"] = {"status": status, "engines": [(e["preset"], e["state"], e["start_seconds"])
+                                                            for e in body.get("engines", [])]}
+        record["gpu_memory"] = gpu_info()
+        self.log.result["messages"].append(record)
+        first = "-" if record["first_token_s"] is None else f"{record['first_token_s']:7.2f} s"
+        self.log.event(f"{label:<28} {preset[:8]} first token {first}  finish {record['finish']}  "
+                       f"error {record['error']}  turns before {record['history_turns']}  "
+                       f"engines {record['healthz']['engines']}")
+        self.log.save()
+        return record
+
+
+async def switch_presets(chat: Conversations, switches: int) -> None:
+    """Steps 1 to 3: A, then B cold, then `switches` round trips, each switch followed by a warm message."""
+    a, b = PRESETS
+    await chat.say(a, "A first message")
+    await chat.say(a, "A warm")
+    await chat.say(b, "switch to B (cold start)")
+    await chat.say(b, "B warm")
+    for i in range(switches):
+        if chat.log.left() < 90:
+            chat.log.event("deadline: no more switches")
+            break
+        await chat.say(a, f"switch to A #{i + 1} (wake)")
+        await chat.say(a, "A warm")
+        await chat.say(b, f"switch to B #{i + 1} (wake)")
+        await chat.say(b, "B warm")
+
+
+async def kill_mid_reply(chat: Conversations, cpu_smoke: bool) -> None:
+    """Step 4: A's engine killed once a long reply's text flows; what the reader and /healthz are told,
+    and how soon the next message's first token comes."""
+    a = PRESETS[0]
+    log, result = chat.log, chat.log.result
+    await chat.say(a, "switch to A before the kill")
+    killed: dict[str, Any] = {}
+
+    def kill() -> None:
+        # A's engine: on the CPU the only one (switching unloaded B); on the GPU the oldest,
+        # as A started first and sleeping keeps B's process.
+        cores = engine_cores(chat.server.pid)
+        victim = cores[-1] if cpu_smoke else cores[0]
+        killed["pid"], killed["at"] = victim.pid, time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+
+    record = await chat.say(a, "long reply, engine killed", max_tokens=2000, on_text=kill)
+    result["kill"] = {"pid": killed.get("pid"), "reader_sentence": record["error"] or record["notice"],
+                      "reader_told_after_s": record["ended"] - killed["at"] if killed else None}
+    # /healthz while the engine comes back
+    while log.left() > 20:
+        status, body = healthz(chat.url)
+        result["health"].append({"t": time.monotonic() - killed["at"], "status": status,
+                                 "reason": body.get("reason")})
+        if status == 200:
+            break
+        await asyncio.sleep(0.2)
+    result["kill"]["healthz_ok_after_s"] = time.monotonic() - killed["at"]
+    phases = [re.sub(r"… \d+ s", "…", h["reason"]) for h in result["health"] if h["reason"]]
+    result["kill"]["healthz_said"] = list(dict.fromkeys(phases))  # each phase once, in order
+    after = await chat.say(a, "next message after the kill")
+    if after["first_at"] is not None:
+        result["kill"]["next_first_token_after_kill_s"] = after["first_at"] - killed["at"]
+    log.event(f"kill: {json.dumps(result['kill'])}")
+
+
 async def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
-    left = lambda: args.deadline - (time.monotonic() - t_start)  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"gpu-ops-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     cfg = write_model(args.model_dir, args.tok, args.shape)
     folder = Path("/tmp/bench-gpu-ops-presets")
     engines = write_presets(folder, args.model_dir, args.cpu_smoke)
-    a, b = PRESETS
-    result: dict[str, Any] = {
+    log = RunLog(out, {
         "date": dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu_info(), "versions": versions(),
         "model_config": cfg, "engines": engines, "weights": "random (load_format: dummy)",
         "messages": [], "health": [], "events": [],
-    }
-
-    def event(text: str) -> None:
-        line = f"[{time.monotonic() - t_start:6.1f}s] {text}"
-        print(line, flush=True)
-        result["events"].append(line)
-
-    def save() -> None:
-        out.write_text(json.dumps(result, indent=1, default=str))
-
+    }, args.deadline, t_start)
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    argv = [python(), "app.py", "--port", str(port), "--presets-dir", str(folder), "--preset", a]
+    argv = [python(), "app.py", "--port", str(port), "--presets-dir", str(folder), "--preset", PRESETS[0]]
     if args.cpu_smoke:
         argv += ["--memory-budget-gb", "1.5"]  # room for one of the two (1 GiB of KV cache each), as on the GPU
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
     server = Server("app", argv, args.out / "logs" / "app-ops.log", env=base_env(env)).start()
-    histories: dict[str, list[dict[str, str]]] = {a: [], b: []}
-
-    async def say(preset: str, label: str, max_tokens: int = 32, **kw: Any) -> dict[str, Any]:
-        turn = len(histories[preset]) // 2 + 1
-        record = await message(url, preset, f"Turn {turn}: tell me about the sea.", histories[preset], max_tokens, **kw)
-        record["label"] = label
-        if record["error"] is None and record["finish"] is not None:
-            histories[preset] += [{"role": "user", "content": f"Turn {turn}: tell me about the sea."},
-                                  {"role": "assistant", "content": record["text"]}]
-        record.pop("text")
-        status, body = healthz(url)
-        record["healthz"] = {"status": status, "engines": [(e["preset"], e["state"], e["start_seconds"])
-                                                            for e in body.get("engines", [])]}
-        record["gpu_memory"] = gpu_info()
-        result["messages"].append(record)
-        first = "-" if record["first_token_s"] is None else f"{record['first_token_s']:7.2f} s"
-        event(f"{label:<28} {preset[:8]} first token {first}  finish {record['finish']}  "
-              f"error {record['error']}  turns before {record['history_turns']}  engines {record['healthz']['engines']}")
-        save()
-        return record
-
+    chat = Conversations(url, server, log)
     try:
-        event(f"starting app.py with two presets; {result['gpu']}")
-        while True:
-            status, body = healthz(url)
-            if status == 200:
-                break
-            if not server.alive or left() < 0:
-                raise RuntimeError("the app did not become ready:\n" + server.log_tail(40))
-            await asyncio.sleep(0.5)
-        result["cold_start_a_s"] = body["engines"][0]["start_seconds"]
-        event(f"A ready; engine start {result['cold_start_a_s']:.1f} s; {gpu_info()}")
-        await say(a, "A first message")
-        await say(a, "A warm")
-        await say(b, "switch to B (cold start)")
-        await say(b, "B warm")
-        for i in range(args.switches):
-            if left() < 90:
-                event("deadline: no more switches")
-                break
-            await say(a, f"switch to A #{i + 1} (wake)")
-            await say(a, "A warm")
-            await say(b, f"switch to B #{i + 1} (wake)")
-            await say(b, "B warm")
-        if left() > 60:
-            await say(a, "switch to A before the kill")
-            killed: dict[str, Any] = {}
-
-            def kill() -> None:
-                # A's engine: on the CPU the only one (switching unloaded B); on the GPU the oldest,
-                # as A started first and sleeping keeps B's process.
-                cores = engine_cores(server.pid)
-                victim = cores[-1] if args.cpu_smoke else cores[0]
-                killed["pid"], killed["at"] = victim.pid, time.monotonic()
-                victim.send_signal(signal.SIGKILL)
-
-            record = await say(a, "long reply, engine killed", max_tokens=2000, on_text=kill)
-            result["kill"] = {"pid": killed.get("pid"), "reader_sentence": record["error"] or record["notice"],
-                              "reader_told_after_s": record["ended"] - killed["at"] if killed else None}
-            # /healthz while the engine comes back
-            while left() > 20:
-                status, body = healthz(url)
-                result["health"].append({"t": time.monotonic() - killed["at"], "status": status,
-                                         "reason": body.get("reason")})
-                if status == 200:
-                    break
-                await asyncio.sleep(0.2)
-            result["kill"]["healthz_ok_after_s"] = time.monotonic() - killed["at"]
-            phases = [re.sub(r"… \d+ s", "…", h["reason"]) for h in result["health"] if h["reason"]]
-            result["kill"]["healthz_said"] = list(dict.fromkeys(phases))  # each phase once, in order
-            after = await say(a, "next message after the kill")
-            if after["first_at"] is not None:
-                result["kill"]["next_first_token_after_kill_s"] = after["first_at"] - killed["at"]
-            event(f"kill: {json.dumps(result['kill'])}")
+        log.event(f"starting app.py with two presets; {log.result['gpu']}")
+        await chat.wait_ready()
+        await switch_presets(chat, args.switches)
+        if log.left() > 60:
+            await kill_mid_reply(chat, args.cpu_smoke)
     finally:
         server.stop(grace=20)
         (args.out / "app-ops-tail.log").write_text(server.log_tail(300))
-        save()
-    print(summary(result))
+        log.save()
+    print(summary(log.result))
     print(f"results: {out}  ({time.monotonic() - t_start:.0f} s)")
     return 0
 

@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,41 +155,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    levels = [int(x) for x in args.levels.split(",")]
-    counts = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
-    requests_for = lambda c: counts.get(c, c)  # noqa: E731
-    env = dict(x.split("=", 1) for x in args.engine_env)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / f"cpu-{stamp}.json"
-    logs = RESULTS / f"logs-{stamp}"
+@dataclass
+class Experiment:
+    """What both phases share: the flags, the servers started so far (every one is stopped at the end),
+    this benchmark's own processes (the rest count as others' load) and the result, saved after every run."""
 
-    from transformers import AutoTokenizer
+    args: argparse.Namespace
+    levels: list[int]
+    requests_for: Callable[[int], int]
+    env: dict[str, str]  # for every engine (--engine-env)
+    count: Callable[[str], int]  # tokens in a text, by the model's tokenizer
+    logs: Path
+    out: Path
+    result: dict[str, Any]
+    started: list[Target] = field(default_factory=list)
+    our_pids: list[int] = field(default_factory=list)
 
-    from chat.models import resolve_model
-    from chat.presets import load_preset
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.result, indent=1, default=str))
 
-    spec = load_preset(args.preset)
-    if not spec.ignore_eos:
-        print(f"{args.preset} must set ignore_eos: true (fixed reply length)", file=sys.stderr)
-        return 2
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(spec, report=print)))
-    count = lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
-    wanted = args.paths.split(",")
-    result: dict[str, Any] = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "versions": versions(),
-        "args": {k: str(v) for k, v in vars(args).items()}, "engine": dict(spec.engine), "engine_env": env,
-        "preset": str(args.preset), "definitions": sys.modules["bench.common"].__doc__, "phases": {},
-    }
-
-    def save() -> None:
-        out.write_text(json.dumps(result, indent=1, default=str))
-
-    started: list[Target] = []
-    try:
-        # Phase 1: the three paths.
+    def start_paths(self, wanted: list[str]) -> list[Target]:
+        """Phase 1's servers, one per wanted path (app-ws and app-browser read the app's)."""
+        args, logs, env, count = self.args, self.logs, self.env, self.count
         print(f"Starting servers (logs in {logs}) ...", flush=True)
         paths: list[Target] = []
         if "raw" in wanted:
@@ -202,58 +190,61 @@ def main(argv: list[str] | None = None) -> int:
                 paths.append(browser_path(app, count, args.context_lines))
         if "example" in wanted:
             paths.append(example_path("example", args.preset, logs, env, count, args.context_lines, args.max_tokens))
-        started += paths
+        self.started += paths
         if args.example_limit_1 and "example" in wanted:
             ex = paths[-1]
             limited = example_path("example-cl1", args.preset, logs, env, count, args.context_lines, args.max_tokens,
                                    concurrency_limit=1, api=ex.notes["api_server"], api_port=ex.notes["api_port"])
             limited.servers = limited.servers[1:]  # the api_server belongs to `example`
             paths.append(limited)
-            started.append(limited)
+            self.started.append(limited)
+        return paths
+
+    def compare_paths(self, paths: list[Target]) -> tuple[list[dict[str, Any]], list[Summary]]:
+        """Phase 1: every path, warmed up, then in turn at every level; the runs and their pooled figures."""
+        args = self.args
         wait_ready(paths)
-        our_pids = [s.pid for p in started for s in p.servers] + [__import__("os").getpid()]
+        self.our_pids += [s.pid for p in self.started for s in p.servers] + [__import__("os").getpid()]
         print("Warming up ...", flush=True)
         for i, p in enumerate(paths):
             p.run(8, 8, 10_000 + 100 * i, min(8, args.max_tokens))
             p.run(1, 1, 10_050 + 100 * i, min(8, args.max_tokens))
         runs: list[dict[str, Any]] = []
-        result["phases"]["paths"] = {"runs": runs, "notes": {p.name: {k: v for k, v in p.notes.items()
-                                                                      if k != "api_server"} for p in paths}}
+        phase = {"runs": runs, "notes": {p.name: {k: v for k, v in p.notes.items() if k != "api_server"}
+                                         for p in paths}}
+        self.result["phases"]["paths"] = phase
         only = {"example-cl1": {8}} if args.example_limit_1 else None
-        interleave(paths, levels, args.repeats, requests_for, args.max_tokens, our_pids, runs, save, only)
+        interleave(paths, self.levels, args.repeats, self.requests_for, args.max_tokens, self.our_pids, runs,
+                   self.save, only)
         summaries = pooled(runs)
-        result["phases"]["paths"]["summary"] = [s.as_dict() for s in summaries]
-        result["phases"]["paths"]["per_repeat_vs_raw"] = per_repeat_ratios(runs, "raw")
-        save()
-        for p in paths:
-            if p.name != "app":
-                for server in p.servers:
-                    server.stop()
+        phase["summary"] = [s.as_dict() for s in summaries]
+        phase["per_repeat_vs_raw"] = per_repeat_ratios(runs, "raw")
+        self.save()
+        return runs, summaries
 
-        # Phase 2: the app's redraw interval.
-        flush_summaries: list[Summary] = []
-        if args.flush == "on" and "app" in wanted:
-            app = next(p for p in paths if p.name == "app")
-            every = app_path(f"app-flush{args.flush_against}", args.preset, logs, env, count, args.context_lines,
-                             flush_ms=args.flush_against)
-            started.append(every)
-            wait_ready([every])
-            our_pids.append(every.servers[0].pid)
-            every.run(8, 8, 20_000, min(8, args.max_tokens))
-            flush_runs: list[dict[str, Any]] = []
-            result["phases"]["flush"] = {"runs": flush_runs}
-            interleave([app, every], levels, args.flush_repeats, requests_for, args.max_tokens, our_pids,
-                       flush_runs, save)
-            flush_summaries = pooled(flush_runs)
-            result["phases"]["flush"]["summary"] = [s.as_dict() for s in flush_summaries]
-            save()
-    finally:
-        for p in started:
-            for server in p.servers:
-                server.stop()
-        save()
+    def compare_flush(self, app: Target) -> list[Summary]:
+        """Phase 2: the app against another of itself at --flush-against, in turn at every level."""
+        args = self.args
+        every = app_path(f"app-flush{args.flush_against}", args.preset, self.logs, self.env, self.count,
+                         args.context_lines, flush_ms=args.flush_against)
+        self.started.append(every)
+        wait_ready([every])
+        self.our_pids.append(every.servers[0].pid)
+        every.run(8, 8, 20_000, min(8, args.max_tokens))
+        flush_runs: list[dict[str, Any]] = []
+        self.result["phases"]["flush"] = {"runs": flush_runs}
+        interleave([app, every], self.levels, args.flush_repeats, self.requests_for, args.max_tokens, self.our_pids,
+                   flush_runs, self.save)
+        flush_summaries = pooled(flush_runs)
+        self.result["phases"]["flush"]["summary"] = [s.as_dict() for s in flush_summaries]
+        self.save()
+        return flush_summaries
 
-    title = (f"{spec.name}: {args.max_tokens}-token replies, {machine()['cores']} cores "
+
+def print_results(model: str, args: argparse.Namespace, result: dict[str, Any], runs: list[dict[str, Any]],
+                  summaries: list[Summary], flush_summaries: list[Summary], out: Path) -> None:
+    """The tables and charts of both phases."""
+    title = (f"{model}: {args.max_tokens}-token replies, {machine()['cores']} cores "
              f"({machine()['cpu']}), {result['date']}")
     print(f"\n{title}\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
     spread = result["phases"]["paths"]["per_repeat_vs_raw"]
@@ -274,6 +265,52 @@ def main(argv: list[str] | None = None) -> int:
     if flush_summaries and chart(flush_summaries, str(out.with_name(out.stem + "-flush.png")), "redraw interval: " + title):
         print(f"chart: {out.with_name(out.stem + '-flush.png')}")
     print(f"results: {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",")]
+    counts = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
+    env = dict(x.split("=", 1) for x in args.engine_env)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.out or RESULTS / f"cpu-{stamp}.json"
+
+    from transformers import AutoTokenizer
+
+    from chat.models import resolve_model
+    from chat.presets import load_preset
+
+    spec = load_preset(args.preset)
+    if not spec.ignore_eos:
+        print(f"{args.preset} must set ignore_eos: true (fixed reply length)", file=sys.stderr)
+        return 2
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(spec, report=print)))
+    wanted = args.paths.split(",")
+    result: dict[str, Any] = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "versions": versions(),
+        "args": {k: str(v) for k, v in vars(args).items()}, "engine": dict(spec.engine), "engine_env": env,
+        "preset": str(args.preset), "definitions": sys.modules["bench.common"].__doc__, "phases": {},
+    }
+    experiment = Experiment(args, levels, requests_for=lambda c: counts.get(c, c), env=env,
+                            count=lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
+                            logs=RESULTS / f"logs-{stamp}", out=out, result=result)
+    try:
+        paths = experiment.start_paths(wanted)
+        runs, summaries = experiment.compare_paths(paths)
+        for p in paths:  # phase 2 needs only the app
+            if p.name != "app":
+                for server in p.servers:
+                    server.stop()
+        flush_summaries: list[Summary] = []
+        if args.flush == "on" and "app" in wanted:
+            flush_summaries = experiment.compare_flush(next(p for p in paths if p.name == "app"))
+    finally:
+        for p in experiment.started:
+            for server in p.servers:
+                server.stop()
+        experiment.save()
+    print_results(spec.name, args, result, runs, summaries, flush_summaries, out)
     return 0
 
 

@@ -11,6 +11,9 @@
         ├── EngineBusy           too many requests are waiting
         └── EngineFailed         the engine stopped working (it is restarted)
 
+`callers_fault` says whose mistake it is: the caller's (what they sent cannot be served as it is;
+an HTTP answer says 4xx) or not (the server's state or the engine's; 5xx).
+
 Third-party errors (vLLM's, huggingface_hub's, YAML's) are translated into these at the module
 that calls them; anything else is a bug: it is logged with its traceback and the user sees
 UNEXPECTED_ERROR.
@@ -18,11 +21,15 @@ UNEXPECTED_ERROR.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 UNEXPECTED_ERROR = "Something went wrong on the server while writing this reply; please try again."
 
 
 class ChatError(Exception):
     """Base class; the message is for the person using the demo."""
+
+    callers_fault: ClassVar[bool] = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -30,7 +37,7 @@ class ChatError(Exception):
 
 
 class InputError(ChatError):
-    pass
+    callers_fault = True
 
 
 class EmptyMessage(InputError):
@@ -38,11 +45,11 @@ class EmptyMessage(InputError):
 
 
 class SettingsError(ChatError):
-    pass
+    callers_fault = True
 
 
 class PresetError(ChatError):
-    pass
+    callers_fault = True
 
 
 class ModelUnavailable(ChatError):

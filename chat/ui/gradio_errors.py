@@ -10,11 +10,13 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import gradio
+import orjson
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from gradio import route_utils
@@ -29,6 +31,18 @@ log = logging.getLogger(__name__)
 BAD_INPUTS = ("This request's inputs do not fit the endpoint it called (wrong number, type or shape); nothing was "
               "run. The page's API view (?view=api) lists what each endpoint takes.")
 
+# Whose mistake a direct call's error was: Gradio answers every error of `run/predict` with 500, so the
+# steps below note a caller's mistake here and PlainGradioErrors answers 422 for it. A list, set per
+# request by the middleware, so that it is shared by the contexts Gradio copies (tasks, threads).
+_CALLERS_FAULT: ContextVar[list[str] | None] = ContextVar("callers_fault", default=None)
+
+
+def _callers_fault(sentence: str) -> gradio.Error:
+    """The error a caller's mistake is answered with, noted as theirs."""
+    if (noted := _CALLERS_FAULT.get()) is not None:
+        noted.append(sentence)
+    return gradio.Error(sentence, print_exception=False)
+
 
 def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., Any]:
     """Gradio's checking of an event's inputs (their number, each component's own checks), with
@@ -42,10 +56,10 @@ def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., An
             return await preprocess(self, *args, **kwargs)
         except gradio.Error as exc:  # a component's own check ("Value: … is not in the list of choices: …")
             log.info("Refused an event's inputs: %s", str(exc.message)[:200])
-            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+            raise _callers_fault(BAD_INPUTS) from exc
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # pydantic's are ValueErrors
             log.info("Refused an event's inputs: %s", str(exc).splitlines()[0][:200])
-            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+            raise _callers_fault(BAD_INPUTS) from exc
 
     preprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
     return preprocess_data
@@ -93,11 +107,13 @@ NO_SUCH_STREAM = ("There is no event {} waiting to be read; join the queue first
                   "or /gradio_api/call/<api_name>), then read its events.")
 REFUSED_REQUEST = "This request does not fit the route it was sent to; nothing was run."
 _CALL_EVENTS = re.compile(r"/gradio_api/call/(?:v2/)?[^/]+/([^/]+)/?")
+_DIRECT_CALL = re.compile(r"/gradio_api/(?:run|api)/")  # events run outside the queue (`run/predict`, `run/<name>`)
 
 
 class PlainGradioErrors:
     """ASGI middleware for Gradio's own routes (/gradio_api/...): what a caller gets wrong there is
-    answered with a 4xx and one sentence, where Gradio would answer a 500 and log a traceback.
+    answered with a 4xx and one sentence, where Gradio would answer a 500 and log a traceback
+    (or, for an event called directly that refused what the caller sent, a 500: 422).
 
     An event stream for a session or event the queue does not hold is refused before it starts
     (Gradio starts it, then fails inside it); any other route that raises ValueError, TypeError,
@@ -117,10 +133,16 @@ class PlainGradioErrors:
             await _send_json(send, 404, NO_SUCH_STREAM.format(missing))
             return
         started = False
+        callers_fault: list[str] = []
+        if _DIRECT_CALL.match(path):  # only there: a queue started inside a request would share the list
+            _CALLERS_FAULT.set(callers_fault)
 
         async def watched(message: dict[str, Any]) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if message.get("status") == 500 and callers_fault:
+                    message = {**message, "status": 422}  # Gradio answers every error of a direct call with 500
             await send(message)
 
         try:
@@ -186,20 +208,37 @@ def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[.
 
     async def plain(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await step(self, block_fn, *args, **kwargs)
+            result = await step(self, block_fn, *args, **kwargs)
+            if what == "outputs" and not _sendable(result):
+                # e.g. ChatInterface's _save_conversation writing an int key into a dict a caller sent
+                # as the saved chats: Gradio's event stream would fail on it (its JSON needs str keys).
+                log.info("Refused an event's outputs: they cannot be sent as JSON")
+                raise _callers_fault(BAD_INPUTS)
+            return result
         except gradio.Error:
             raise
         except ChatError as exc:
             log.info("An event ended with: %s", exc.message[:200])
+            if exc.callers_fault:
+                raise _callers_fault(exc.message) from exc
             raise gradio.Error(exc.message, print_exception=False) from exc
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             if raised_in_this_app(exc):
                 raise
             log.info("Refused an event's %s: %s", what, (str(exc).splitlines() or [repr(exc)])[0][:200])
-            raise gradio.Error(BAD_INPUTS, print_exception=False) from exc
+            raise _callers_fault(BAD_INPUTS) from exc
 
     plain.plain_input_errors = True  # type: ignore[attr-defined]
     return plain
+
+
+def _sendable(outputs: object) -> bool:
+    """Whether Gradio's event stream can write `outputs` (it uses orjson, with str() for unknown types)."""
+    try:
+        orjson.dumps(outputs, default=str)
+    except TypeError:  # orjson.JSONEncodeError: a dict key that is not a string, nesting too deep
+        return False
+    return True
 
 
 def install() -> None:

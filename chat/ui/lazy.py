@@ -27,7 +27,11 @@ def build_when_opened(tab: gr.Tab, build: Callable[[], object]) -> None:
     once per page. The selecting event is queued because Gradio runs a state's change only then."""
     opened = gr.State(False)
 
-    @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden")  # type: ignore[untyped-decorator]
+    # One tab is made at a time: Gradio makes a tab's contents in a worker thread while it walks the
+    # page's events on the event loop, and two tabs of one page made at once changed that dict under
+    # it ("dictionary changed size during iteration"). Each takes a moment, once per page.
+    @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden",  # type: ignore[untyped-decorator]
+               concurrency_limit=1, concurrency_id="lazy tabs")
     def contents(is_open: bool) -> None:
         if is_open:
             build()

@@ -59,8 +59,8 @@ def _number(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2g}"
 
 
-def _caption(lines: Sequence[str], x: float, y: float) -> list[str]:
-    return [_text(x, y + i * CAPTION_LINE, line, size=11, fill=FAINT, cls="caption") for i, line in enumerate(lines)]
+def _caption(lines: Sequence[str], x: float, y: float, size: int = 11) -> list[str]:
+    return [_text(x, y + i * CAPTION_LINE, line, size=size, fill=FAINT, cls="caption") for i, line in enumerate(lines)]
 
 
 # --- ratings with intervals ------------------------------------------------------------------
@@ -78,44 +78,79 @@ class Interval:
     note: str | None = None  # said instead of "(low–high)" beside the value, e.g. when the interval has no width
 
 
+NARROW = 340  # the narrow drawing's width: a phone's screen less the page's margins
+LETTER = 0.6  # a letter's width in em, rounded up (system-ui averages about 0.55): to fit text in advance
+
+
+def fit(text: str, size: float, room: float) -> str:
+    """`text`, cut with "…" where it would not fit `room` pixels at font `size`."""
+    most = max(int(room / (size * LETTER)), 1)
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def wrap(text: str, size: float, room: float) -> list[str]:
+    """`text` in lines of whole words that fit `room` pixels at font `size`."""
+    most = max(int(room / (size * LETTER)), 1)
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= most:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
 def interval_chart(rows: Sequence[Interval], *, title: str, axis_title: str, reference: float | None = None,
-                   reference_label: str = "", caption: Sequence[str] = (), width: int = 760) -> str:
-    """One row per item, best first as given: a dot at the value and a bar across its interval."""
-    left, right, top, row_h = 230, 150, 44, 30
-    plot_w = width - left - right
-    height = top + row_h * max(len(rows), 1) + 44 + CAPTION_LINE * len(caption)
+                   reference_label: str = "", caption: Sequence[str] = (), width: int = 820) -> str:
+    """One row per item, best first as given: a dot at the value and a bar across its interval.
+    Narrower than 500 (`NARROW` for a phone), each name and value sit on lines of their own above
+    the bar, so that the text can stay at 12 px or more where a wide drawing would be shrunk to half
+    its size."""
     values = [v for row in rows for v in (row.low, row.high, row.value)] + ([reference] if reference is not None else [])
     ticks = nice_ticks(min(values), max(values)) if values else [0.0, 1.0]
     lo, hi = ticks[0], ticks[-1]
+    narrow = width < 500
+    if narrow:  # the name, then the value, each on a line of its own above the bar
+        left, right, top, row_h, name_size = 20, 20, 62, 62, 13
+    else:  # name left of the bar, value right of it
+        left, right, top, row_h, name_size = 270, 170, 44, 30, 12
+    plot_w = width - left - right
+    bottom = top + row_h * max(len(rows), 1)
+    notes = [line for text in caption for line in wrap(text, 12, width - 32)]
+    height = bottom + 58 + CAPTION_LINE * len(notes)
 
     def x(value: float) -> float:
         return left + (value - lo) / ((hi - lo) or 1) * plot_w
 
-    bottom = top + row_h * max(len(rows), 1)
     body = [_text(16, 24, title, size=15, weight="600")]
     for tick in ticks:
         body.append(f'<line x1="{x(tick):.1f}" y1="{top - 6}" x2="{x(tick):.1f}" y2="{bottom}" stroke="{GRID}"/>')
-        body.append(_text(x(tick), bottom + 16, _number(tick), size=11, anchor="middle", fill=FAINT))
-    body.append(_text(left + plot_w / 2, bottom + 34, axis_title, size=12, anchor="middle", fill=FAINT))
+        body.append(_text(x(tick), bottom + 18, _number(tick), size=12, anchor="middle", fill=FAINT))
+    body.append(_text(left + plot_w / 2, bottom + 38, axis_title, size=12, anchor="middle", fill=FAINT))
     if reference is not None:
         body.append(f'<line x1="{x(reference):.1f}" y1="{top - 10}" x2="{x(reference):.1f}" y2="{bottom}" '
                     f'stroke="{FAINT}" stroke-dasharray="4 3"/>')
-        body.append(_text(x(reference), top - 14, reference_label, size=10, anchor="middle", fill=FAINT))
+        body.append(_text(x(reference), top - 14, reference_label, size=12, anchor="middle", fill=FAINT))
     for i, row in enumerate(rows):
-        y = top + row_h * i + row_h / 2
+        spread = row.note if row.note is not None else f"{row.low:.0f}–{row.high:.0f}"
+        value = f"{row.value:.0f} ({spread})"
         colour = COLOURS[0]
-        name = row.label if len(row.label) <= 34 else row.label[:33] + "…"
         body.append(f'<g class="row"><title>{html.escape(row.detail or row.label)}</title>')
-        body.append(_text(left - 10, y + 4, name, anchor="end", cls="label"))
+        if narrow:
+            y: float = top + row_h * i + 46
+            body.append(_text(16, y - 30, fit(row.label, name_size, width - 32), size=name_size, weight="600", cls="label"))
+            body.append(_text(16, y - 13, value, size=12, fill=FAINT, cls="value"))
+        else:
+            y = top + row_h * i + row_h / 2
+            body.append(_text(left - 10, y + 4, fit(row.label, name_size, left - 26), anchor="end", cls="label"))
+            body.append(_text(width - right + 12, y + 4, value, size=12, cls="value"))
         body.append(f'<line x1="{x(row.low):.1f}" y1="{y:.1f}" x2="{x(row.high):.1f}" y2="{y:.1f}" '
                     f'stroke="{colour}" stroke-width="3" stroke-linecap="round"/>')
         for end in (row.low, row.high):
             body.append(f'<line x1="{x(end):.1f}" y1="{y - 6:.1f}" x2="{x(end):.1f}" y2="{y + 6:.1f}" stroke="{colour}" stroke-width="2"/>')
         body.append(f'<circle cx="{x(row.value):.1f}" cy="{y:.1f}" r="5.5" fill="{colour}" stroke="#ffffff" stroke-width="1.5"/>')
-        spread = row.note if row.note is not None else f"{row.low:.0f}–{row.high:.0f}"
-        body.append(_text(width - right + 12, y + 4, f"{row.value:.0f} ({spread})", size=11, cls="value"))
         body.append("</g>")
-    body += _caption(caption, 16, bottom + 58)
+    body += _caption(notes, 16, bottom + 62, size=12)
     return _svg(width, height, body, title)
 
 

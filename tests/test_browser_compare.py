@@ -130,8 +130,8 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     for title in titles:
         # at most 40 tokens: the creative preset may end its poem sooner
         assert (numbers := SUMMARY.search(title)) and numbers["rate"] and 2 <= int(numbers["tokens"]) <= 40, title
-    rows = [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
-            for row in page.locator("#compare-summary div[role=row]").all()]
+    rows = [[cell.strip() for cell in row.locator("td").all_inner_texts()]
+            for row in page.locator("#compare-summary tbody tr").all()]
     assert [(row[0], row[2], row[-1]) for row in rows] == [("A", "1", "1"), ("B", "1", "0")], rows
     assert all(0 < float(row[-2]) <= 40 for row in rows), rows
     assert {rows[0][1], rows[1][1]} == names

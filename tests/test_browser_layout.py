@@ -30,11 +30,47 @@ def covered_by(page, selector: str) -> str:
     )
 
 
-# Visible elements whose right edge passes the screen's (a control reachable only by scrolling sideways).
+# Visible elements whose right edge passes the screen's (a control reachable only by scrolling
+# sideways), and boxes that scroll sideways inside themselves (a table wider than its box). Left out:
+# Gradio's plots, which draw at their box's width (their text is checked by UNREADABLE_CHART_TEXT),
+# and a code block, whose long lines scroll as code does.
 PAST_THE_EDGE = """(root) => [...document.querySelectorAll(root + ' *')]
-    .filter((e) => e.checkVisibility() && !e.closest('.table-wrap, .vega-embed'))
-    .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+    .filter((e) => e.checkVisibility() && !e.closest('.vega-embed, pre'))
+    .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1
+                   || (e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX)))
     .map((e) => e.tagName + '#' + e.id + '.' + String(e.className).slice(0, 40))"""
+
+# Text of the charts (SVG) under `root` that reads smaller than 11 px as drawn (a chart shrunk to
+# the screen shrinks its text), or that passes its chart's edges or those of a box around it that
+# hides what overflows (a title cut off, axis labels below a box's fixed height).
+UNREADABLE_CHART_TEXT = """(root) => [...document.querySelectorAll(root + ' svg text')]
+    .filter((t) => t.checkVisibility() && t.textContent.trim())
+    .flatMap((t) => {
+      const ctm = t.getScreenCTM(), box = t.getBoundingClientRect();
+      const px = parseFloat(getComputedStyle(t).fontSize) * Math.hypot(ctm.a, ctm.b);
+      const faults = [];
+      if (px < 11) faults.push(px.toFixed(1) + ' px');
+      for (let e = t.ownerSVGElement; e && e !== document.body; e = e.parentElement) {
+        const style = getComputedStyle(e);
+        if (e.tagName.toLowerCase() !== 'svg' && style.overflowX === 'visible' && style.overflowY === 'visible') continue;
+        const edge = e.getBoundingClientRect();
+        if (box.left < edge.left - 1 || box.right > edge.right + 1 || box.top < edge.top - 1 || box.bottom > edge.bottom + 1) {
+          faults.push('cut at the edge of ' + e.tagName.toLowerCase() + '#' + e.id);
+          break;
+        }
+      }
+      return faults.length ? [t.textContent.trim().slice(0, 60) + ': ' + faults.join(', ')] : [];
+    })"""
+
+# Text in elements under `root` matching `selector` that is cut: ellipsis, clipped, or past the screen.
+CUT_TEXT = """([root, selector]) => [...document.querySelectorAll(root + ' ' + selector)]
+    .filter((e) => e.checkVisibility())
+    .filter((e) => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > window.innerWidth + 1)
+    .map((e) => e.textContent.trim())"""
+
+
+def visible_count(page, selector: str) -> int:
+    return page.evaluate("(s) => [...document.querySelectorAll(s)].filter((e) => e.checkVisibility()).length", selector)
 
 
 def on_first_screen(page, selector: str) -> bool:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from chat.ui.leaderboard_tab import COLUMNS
 from tests.conftest import OUTPUT
 from tests.test_browser_compare import CREATIVE, DETERMINISTIC, set_number, watch_columns
+from tests.test_browser_layout import PAST_THE_EDGE, UNREADABLE_CHART_TEXT, visible_count
 
 pytestmark = pytest.mark.browser
 
@@ -26,8 +28,8 @@ def page(browser, app_server):
 
 
 def table_rows(page) -> list[list[str]]:
-    return [[cell.strip() for cell in row.locator("[role=gridcell]").all_inner_texts()]
-            for row in page.locator("#leaderboard-table div[role=row]").all()]
+    return [[cell.strip() for cell in row.locator("td").all_inner_texts()]
+            for row in page.locator("#leaderboard-table tbody tr").all()]
 
 
 def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(page):
@@ -43,7 +45,7 @@ def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(pa
     page.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('You voted')")
 
     page.get_by_role("tab", name="Leaderboard").click()
-    page.wait_for_function("document.querySelectorAll('#leaderboard-chart svg g.row').length === 2")
+    page.wait_for_function("document.querySelectorAll('#leaderboard-chart .chart-wide svg g.row').length === 2")
     rows = table_rows(page)
     assert {row[1] for row in rows} == {CREATIVE, DETERMINISTIC}, rows
     assert int(rows[0][2]) >= int(rows[1][2]), "best first"
@@ -62,6 +64,7 @@ def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(pa
     labels = page.locator("#leaderboard-chart svg text.label").all_text_contents()
     assert set(labels) == {CREATIVE, DETERMINISTIC}
     assert page.locator("#leaderboard-admin").is_hidden(), "no administrator on this app: no Reset"
+    assert page.evaluate(UNREADABLE_CHART_TEXT, "#leaderboard-chart") == [], "the chart's text at its full size"
     page.screenshot(path=str(OUTPUT / "leaderboard.png"), full_page=True)
 
     assert page.locator("#leaderboard-export-votes-json").is_hidden(), "visitors' prompts are for administrators"
@@ -73,3 +76,18 @@ def test_a_blind_vote_is_ranked_on_the_leaderboard_with_its_chart_and_exports(pa
         page.locator("#leaderboard-png").click()
     png = Path(download.value.path()).read_bytes()
     assert download.value.suggested_filename == "leaderboard.png" and png.startswith(b"\x89PNG")
+
+    # On a phone: every column of the ranking readable without sideways scrolling, and the chart's
+    # text no smaller than 11 px, none of it cut.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.locator("#leaderboard-chart .chart-narrow svg").wait_for()
+    assert page.evaluate(PAST_THE_EDGE, "body") == [], "nothing on the Leaderboard past a phone's edge"
+    cells = page.evaluate("""() => [...document.querySelectorAll('#leaderboard-table tbody td')]
+        .filter((td) => td.textContent.trim())
+        .map((td) => [td.dataset.label, getComputedStyle(td, '::before').content, td.checkVisibility(),
+                      td.getBoundingClientRect().left >= 0 && td.getBoundingClientRect().right <= innerWidth])""")
+    assert {label for label, *_ in cells} == set(COLUMNS), cells
+    assert all(shown and inside and before == f'"{label}"' for label, before, shown, inside in cells), cells
+    assert visible_count(page, "#leaderboard-chart svg g.row") == 2, "one drawing of the chart on a phone"
+    assert page.evaluate(UNREADABLE_CHART_TEXT, "#leaderboard-chart") == [], "the chart's text on a phone"
+    page.screenshot(path=str(OUTPUT / "leaderboard-phone.png"), full_page=True)

@@ -9,8 +9,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from chat.monitor import CHARTS
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, free_port
+from tests.test_browser_layout import CUT_TEXT, PAST_THE_EDGE, UNREADABLE_CHART_TEXT
 
 pytestmark = pytest.mark.browser
 
@@ -36,7 +38,10 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
         page.screenshot(path=str(OUTPUT / "monitor.png"), full_page=True)
 
         texts = charts.locator("svg text").all_text_contents()
-        assert {"Time", "Preset", "Tokens per second", "Replies", "Percent used", "Milliseconds"} <= set(texts)
+        assert {"Time", "Tokens per second", "Replies", "Percent used", "Milliseconds"} <= set(texts)
+        assert page.locator("#monitor-legend li").all_inner_texts(), "one legend names each preset's colour"
+        assert [chart.title for chart in CHARTS] == [page.locator(f"#monitor-{chart.field}").get_by_text(chart.title).inner_text()
+                                                     for chart in CHARTS], "each chart's title above it"
         assert not [text for text in texts if "_" in text], "no variable names on the charts"
         assert "100" in page.locator("#monitor-kv_cache_percent svg text").all_text_contents(), "percent runs to 100"
 
@@ -46,6 +51,18 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
         now = dt.datetime.now(ZoneInfo(ZONE))
         near = {f"{t.hour % 12 or 12}:{t.minute:02d}" for t in (now + dt.timedelta(minutes=m) for m in range(-8, 3))}
         assert set(labels) <= near, f"labels {sorted(set(labels))} are not the reader's clock ({ZONE}) near {now:%H:%M}"
+        assert page.evaluate(UNREADABLE_CHART_TEXT, "#monitor-charts") == [], "the charts' text on a laptop"
+
+        # On a phone: a chart a row, drawn again at the screen's width; no text under 11 px, no title cut.
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_function("""() => [...document.querySelectorAll('#monitor-charts svg.marks')]
+            .every((svg) => svg.getBoundingClientRect().width > 250 && svg.getBoundingClientRect().right <= innerWidth)""")
+        assert page.evaluate(UNREADABLE_CHART_TEXT, "#monitor-charts") == [], "the charts' text on a phone"
+        titles = [page.locator(f"#monitor-{chart.field}").get_by_text(chart.title) for chart in CHARTS]
+        assert page.evaluate(CUT_TEXT, ["#monitor-charts", "[data-testid='block-info'], .chart-legend li"]) == []
+        assert all(title.is_visible() for title in titles)
+        assert page.evaluate(PAST_THE_EDGE, "body") == [], "nothing on the Monitor past a phone's edge"
+        page.screenshot(path=str(OUTPUT / "monitor-phone.png"), full_page=True)
     finally:
         context.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chat.charts import COLOURS
 from chat.monitor import CHARTS, Monitor, Sample, chart_data, is_quiet, time_axis, window_words
 from chat.ui.monitor_tab import PRESET, TIME, frame, updates
 
@@ -154,11 +155,12 @@ def test_an_empty_frame_keeps_its_column_types():
 
 def test_updates_show_the_note_alone_when_quiet_and_the_charts_otherwise():
     quiet = monitor_with(idle(3))
-    note, column, *plots = updates(quiet, NOW)
+    note, column, _, *plots = updates(quiet, NOW)
     assert note.visible is True and note.value == quiet.quiet_message and column.visible is False
     assert len(plots) == len(CHARTS)
-    note, column, *plots = updates(monitor_with(sample(3), sample(1)), NOW)
+    note, column, legend, *plots = updates(monitor_with(sample(3), sample(1)), NOW)
     assert note.visible is False and column.visible is True
+    assert ">Tiny</li>" in legend and all(plot.color_map == {"Tiny": COLOURS[0]} for plot in plots), "one colour per preset"
     assert [plot.y_lim for plot in plots] == [[0, 20], [0, 5], [0, 5], [0, 100], [0, 1000], [0, 1000]]
     assert all(plot.x_lim[1] - plot.x_lim[0] == 360 and plot.caption is None for plot in plots)
 

@@ -31,6 +31,7 @@ from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
 from chat.ui.live import REDRAW_S, LiveText, is_browser
 from chat.ui.messages import PROBLEM
+from chat.ui.tables import Table
 from chat.voters import Voter
 from chat.votes import VoteStore
 
@@ -126,7 +127,7 @@ class CompareTab:
                                           interactive=True)
         gr.Markdown("### Session summary")
         table, first_token, speed = summary_frames(None)
-        self.table = gr.Dataframe(table, interactive=False, elem_id="compare-summary", show_label=False)
+        self.table = Table(table, label="Session summary", empty="No replies yet.", elem_id="compare-summary")
         with gr.Row():
             self.first_token_plot = gr.BarPlot(first_token, x="bar", y="ms", y_lim=[0, None], height=260,
                                                title="Time to first token: median and 95th percentile", x_title="Column and statistic",

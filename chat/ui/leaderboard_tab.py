@@ -20,11 +20,12 @@ import pandas as pd
 
 from chat import leaderboard, vote_exports, votes
 from chat.admin import NOT_ADMIN, Admins
-from chat.charts import Interval, interval_chart
+from chat.charts import NARROW, Interval, interval_chart
 from chat.leaderboard import BASE, FEW_VOTES, METHOD, ROUNDS, SCALE, Leaderboard, rank_async
 from chat.ui.downloads import new_folder
 from chat.ui.messages import PROBLEM
 from chat.ui.svg_png import save_png_js
+from chat.ui.tables import Table
 from chat.votes import VoteStore
 
 INTRO = (
@@ -49,6 +50,7 @@ COLUMNS = ["Rank", "Preset", "Rating", "Likely range", "Votes", "Won · tied · 
 # The votes hold every visitor's prompts and replies: only administrators get them.
 DOWNLOADS = (("leaderboard", "csv", "Table CSV"), ("leaderboard", "json", "Table JSON"))
 ADMIN_DOWNLOADS = (("votes", "csv", "Votes CSV"), ("votes", "json", "Votes JSON"))
+WIDE = 820  # the chart's width on a wide screen
 KEEP_EXPORTS = 4  # export folders kept (Gradio copies a file into its cache when it sends it)
 
 
@@ -136,8 +138,12 @@ def chart(board: Leaderboard) -> str:
             for s in board.standings]
     caption = [f"{board.votes_counted:,} vote{'s' if board.votes_counted != 1 else ''} counted · a tie is half a win each · "
                f"likely ranges from drawing the votes again {board.rounds:,} times · made {board.made_at}"]
-    return interval_chart(rows, title="Rating with its likely range", axis_title="Rating (average preset = 1000)",
-                          reference=BASE, reference_label="average", caption=caption)
+    drawn = {width: interval_chart(rows, title="Rating with its likely range", axis_title="Rating (average preset = 1000)",
+                                   reference=BASE, reference_label="average", caption=caption, width=width)
+             for width in (WIDE, NARROW)}
+    # Drawn twice: a phone shows the narrow drawing (style.py), where the wide one would be shrunk
+    # to half its size; the first is the one "Download chart PNG" saves.
+    return f'<div class="chart-wide">{drawn[WIDE]}</div><div class="chart-narrow">{drawn[NARROW]}</div>'
 
 
 class LeaderboardTab:
@@ -154,8 +160,7 @@ class LeaderboardTab:
                                                 elem_id="leaderboard-revealed", scale=3, interactive=True)
             self.refresh_button = gr.Button("Refresh", size="sm", scale=1, elem_id="leaderboard-refresh")
         self.summary = gr.Markdown(EMPTY, elem_id="leaderboard-summary")
-        self.table = gr.Dataframe(pd.DataFrame(columns=COLUMNS), interactive=False, show_label=False,
-                                  elem_id="leaderboard-table")
+        self.table = Table(pd.DataFrame(columns=COLUMNS), label="Ranking", elem_id="leaderboard-table")
         self.chart = gr.HTML("", elem_id="leaderboard-chart")
         with gr.Row():
             self.downloads = [gr.DownloadButton(f"Download {label}", interactive=False, size="sm",

@@ -65,12 +65,25 @@ HEAD = """<style>
       });
       document.body.prepend(skip);
     }
+    // A dropdown's open list scrolls, so Chromium gives it a stop of its own in the Tab order: Tab
+    // from the Preset box went into the list, which then closed, and the focus fell to the page.
+    for (const el of document.querySelectorAll('ul[role="listbox"]:not([tabindex])')) el.tabIndex = -1;
     // Footer icons whose alt text repeats the word beside them (image-redundant-alt).
     for (const el of document.querySelectorAll('footer img[alt]:not([alt=""])')) {
       if (el.parentElement.textContent.includes(el.alt)) el.alt = "";
     }
   };
   new MutationObserver(mend).observe(document.documentElement, { childList: true, subtree: true });
+  // Tab away from a dropdown (the Preset list) closes its list: Gradio's dropdown opens its list on
+  // any key but Escape a moment after the key, so Tab (and the Shift of Shift+Tab) reopened it after
+  // the focus had moved on, and it stayed open over the page. Keys that do not type are kept from
+  // the dropdown; the focus moves on as usual and the list closes with the blur.
+  const NOT_TYPING = new Set(["Tab", "Shift", "Control", "Alt", "Meta"]);
+  document.addEventListener("keydown", (event) => {
+    if (NOT_TYPING.has(event.key) && event.target.matches && event.target.matches('input[role="combobox"]')) {
+      event.stopPropagation();
+    }
+  }, true);
   // Editing a sent message: Enter sends it, as in the message box (Shift+Enter for a new line).
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
@@ -141,6 +154,34 @@ html { scrollbar-gutter: stable; }
 /* An empty bar chart (nothing compared yet) still draws an empty, unnamed mark group (axe's
    svg-img-alt); it shows nothing, so it is hidden until its bars come. */
 .vega-embed g[role="graphics-symbol"]:empty { display: none; }
+/* Read-only tables (chat/ui/tables.py): a table on a wide screen, one card per row on a phone, each
+   value beside its column's name, so that no column needs sideways scrolling. */
+.plain-table { width: 100%; border-collapse: collapse; font-size: var(--text-md); color: var(--body-text-color); }
+.plain-table th, .plain-table td { padding: 6px 10px; text-align: left; vertical-align: top;
+                                   border-bottom: 1px solid var(--border-color-primary); }
+.plain-table th { font-weight: 600; background: var(--background-fill-secondary); }
+.plain-table td.number { text-align: right; font-variant-numeric: tabular-nums; }
+.plain-table tr.empty td { color: var(--body-text-color-subdued); text-align: left; }
+@media (max-width: 700px) {
+  .plain-table thead { display: none; }
+  .plain-table, .plain-table tbody, .plain-table tr { display: block; }
+  .plain-table tr { border: 1px solid var(--border-color-primary); border-radius: var(--radius-md);
+                    padding: 4px 0; margin-bottom: 8px; }
+  .plain-table td, .plain-table td.number { display: flex; justify-content: space-between; gap: 12px; border: none;
+                                            padding: 3px 10px; text-align: right; overflow-wrap: anywhere; }
+  .plain-table td::before { content: attr(data-label); flex-shrink: 0; max-width: 55%; text-align: left;
+                            color: var(--body-text-color-subdued); }
+  .plain-table td:empty { display: none; }
+}
+/* A chart drawn twice (the Leaderboard's, chat/charts.py): shrunk to a phone's width the wide
+   drawing's text would be 5 px; the phone gets the narrow drawing, whose text stays 12 px. */
+.chart-narrow { display: none; }
+@media (max-width: 700px) { .chart-wide { display: none; } .chart-narrow { display: block; } }
+/* The Monitor's one legend for its six charts (chat/ui/monitor_tab.py) and the charts' titles. */
+.chart-legend { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 0; padding: 0; list-style: none; }
+.chart-legend li { display: inline-flex; align-items: center; gap: 6px; }
+.chart-legend .swatch { display: inline-block; width: 20px; height: 4px; border-radius: 2px; }
+#monitor-charts [data-testid="block-info"] { color: var(--body-text-color); font-weight: 600; }
 /* Readers who ask for less motion (a system setting) get none: no fades, no pulsing borders. */
 @media (prefers-reduced-motion: reduce) {
   *, *::before, *::after { animation-duration: 0.01ms !important; animation-iteration-count: 1 !important;

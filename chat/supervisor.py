@@ -72,9 +72,12 @@ def private_port() -> socket.socket:
 
 def stop_listening(bound: socket.socket) -> None:
     """A dead worker's port refuses connections (so the front door tries another worker at once)
-    but stays bound here until the replacement listens on it again."""
+    but stays bound here until the replacement listens on it again. The worker listened with
+    SO_REUSEADDR (chat/ui/gradio_internals.py, serve_on); without it again, the bound socket keeps
+    every other program off the port in the meantime."""
     with contextlib.suppress(OSError):  # not listening
         bound.shutdown(socket.SHUT_RD)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
 
 
 def port_is_free(host: str, port: int) -> str | None:
@@ -106,9 +109,9 @@ class WorkerProcess:
     process: BaseProcess | None = None
     state: str = "starting"  # starting, serving, restarting, stopped
 
-    @property
-    def port(self) -> int:
-        return int(self.bound.getsockname()[1])
+    def __post_init__(self) -> None:
+        # Read once: a socket that has stopped listening reports port 0 until it listens again.
+        self.port = int(self.bound.getsockname()[1])
 
 
 class Supervisor:

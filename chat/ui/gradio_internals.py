@@ -324,14 +324,17 @@ class _ServerOnSocket(http_server.Server):
 def serve_on(listener: socket.socket) -> None:
     """Item 6: the next `launch()` in this process listens on `listener`, a socket bound to a port of
     127.0.0.1 (uvicorn starts listening once the app has started); its `server_name` and
-    `server_port` must name that address."""
+    `server_port` name that address."""
     import uvicorn
 
     def start_server(app: Any, server_name: str | None = None, server_port: int | None = None,
                      **_tls: Any) -> tuple[str, int, str, http_server.Server]:
-        host, port = listener.getsockname()[:2]
-        if (server_name, server_port) != (host, port):
-            raise UntestedGradio(f"Gradio asked to serve on {server_name}:{server_port}, not on the worker's {host}:{port}.")
+        host, port = server_name or "127.0.0.1", int(server_port or 0)
+        # SO_REUSEADDR while listening (its connections inherit it), so that a replacement can listen
+        # again while its predecessor's connections linger in TIME_WAIT; the supervisor clears it when
+        # the port stops listening, so no other program may bind the port then (chat/supervisor.py).
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.listen(2048)  # uvicorn's backlog; its own listen() then changes nothing
         server = _ServerOnSocket(uvicorn.Config(app=app, host=host, port=port, log_level="warning"), listener)
         server.run_in_thread()
         return host, port, f"http://{host}:{port}/", server

@@ -11,7 +11,7 @@ browser or API client names a file, a model or an engine argument: they pick a p
 send sampling values, which are checked against that preset's ranges.
 
     browser / API ─> chat_tab.respond · CompareTab · api.generate
-                       └─> ChatService.reply ─> registry.wait_until_ready, Reply (chat.stream)
+                       └─> ChatService.reply ─> registry.ready, Reply (chat.stream)
                                                    └─> Engine.render / Engine.generate ─> vLLM
 """
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chat import metrics
+from chat.engine import Engine
 from chat.errors import UNEXPECTED_ERROR, ChatError, EmptyMessage, EngineBusy, InputError, PresetError, Stopped
 from chat.history import to_model_messages
 from chat.pacing import RedrawPacer
@@ -174,11 +175,14 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
-            async for status in self.registry.wait_until_ready(preset):
+            engine: Engine | None = None
+            async for step in self.registry.ready(preset):  # status lines, then the ready engine
                 ticket.check()
-                yield Waiting(status)
-            ticket.check()
-            engine = await self.registry.get(preset)
+                if isinstance(step, Engine):
+                    engine = step
+                else:
+                    yield Waiting(step)
+            assert engine is not None
             now = time.monotonic()
             reply = ticket.reply = Reply(
                 engine, preset, messages, sampling,

@@ -2,7 +2,7 @@
 
     request = ReplyRequest("Write a haiku.", preset="SmolLM2 135M (CPU)", sampling={"max_tokens": 64})
     async for event in service.reply(request):
-        ...   # Waiting(status) while an engine starts, Writing(reply) per redraw, then Finished or Failed
+        ...   # Waiting(status) while an engine starts, Writing(reply, line) per redraw, then Finished or Failed
 
 `ChatService.reply` checks the message, resolves the preset and its settings (once), waits for the
 engine with progress, applies the system-prompt policy, streams the reply with paced redraws,
@@ -66,12 +66,10 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Writing:
-    """New text to show: `reply.text` so far, `reply.progress` for the line beneath it."""
+    """New text to show: `reply.text` so far, and `line`, the line beneath it as it stood then."""
 
     reply: Reply
-
-    def line(self) -> str:
-        return self.reply.progress.line(time.monotonic())
+    line: str
 
 
 @dataclass(frozen=True)
@@ -222,7 +220,7 @@ class ChatService:
                     if not first_token_counted and reply.progress.first_token_at is not None:
                         first_token_counted = True
                         metrics.first_token(reply.preset.name, reply.progress.first_token_at - reply.submitted_at)
-                    yield Writing(reply)
+                    yield Writing(reply, reply.progress.line(time.monotonic()))
         finally:
             self.pacer.ended()
             in_flight.dec()

@@ -25,7 +25,6 @@ import html
 import re
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
@@ -61,15 +60,15 @@ class LiveText:
         self.deltas = 0
         self._drawn_at = self._line_at = float("-inf")
 
-    def write(self, text: str, line: Callable[[], str] | None = None) -> None:
+    def write(self, text: str, line: str | None = None) -> None:
         """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
-        reply as it stands now (`line()`, where the page may show it: see `line_box`), at most ten
+        reply as it stands now (`line`, where the page may show it: see `line_box`), at most ten
         times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
         if len(text) > self.sent:
             extra = {}
             now = time.monotonic()
             if line is not None and now - self._line_at >= LINE_EVERY_S:
-                extra["line"], self._line_at = line(), now
+                extra["line"], self._line_at = line, now
             self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
             self.sent, self.deltas = len(text), self.deltas + 1
 

@@ -60,9 +60,9 @@ def event_messages(event: ReplyEvent, live: LiveText | None = None) -> list[gr.C
     if isinstance(event, Writing) and live is not None:
         body = live.body(shown_text(event.reply.text))
         return [gr.ChatMessage(role="assistant", content=body),
-                annotation(f"{WAITING} {live.line_box(event.line())}", pending=True)]
+                annotation(f"{WAITING} {live.line_box(event.line)}", pending=True)]
     if isinstance(event, Writing):
-        return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))
+        return reply_messages(event.reply, annotation(f"{WAITING} {event.line}", pending=True))
     if isinstance(event, Finished):
         assert event.reply.stats is not None
         return reply_messages(event.reply, stats_annotation(event.reply.stats, event.reply.notice))

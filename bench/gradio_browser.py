@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from chat.front_door import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
-from chat.ui.live import PLACEHOLDER as LIVE_PLACEHOLDER
+from chat.ui.messages import PLACEHOLDER as LIVE_PLACEHOLDER
 
 
 @dataclass(frozen=True)

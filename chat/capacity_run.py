@@ -165,9 +165,13 @@ class CapacityRun:
     async def _engine(self, preset: Preset) -> Engine:
         """The preset's engine, ready and warm: the first request after a start is slow (buffers
         are allocated), and would count against the first step."""
-        async for status in self.service.registry.wait_until_ready(preset):
-            self.progress = replace(self.progress, status=status, step=0)
-        engine = await self.service.registry.get(preset)
+        engine: Engine | None = None
+        async for step in self.service.registry.ready(preset):  # status lines, then the ready engine
+            if isinstance(step, Engine):
+                engine = step
+            else:
+                self.progress = replace(self.progress, status=step, step=0)
+        assert engine is not None
         if preset.name not in self._warm:
             self._warm.add(preset.name)
             self.progress = replace(self.progress, status=f"Warming up {preset.name}…", step=0)

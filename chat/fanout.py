@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -77,6 +78,10 @@ async def write_all(service: ChatService, jobs: Sequence[Job], every_s: float = 
             changed.clear()
             first_text.clear()
             last = loop.time()
+            now = time.monotonic()
+            for job in jobs:  # each column's line as it stands at this redraw, not at its latest news
+                if isinstance(job.event, Writing):
+                    job.event = Writing(job.event.reply, job.event.reply.progress.line(now))
             yield
     finally:
         for task in tasks:

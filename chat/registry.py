@@ -141,13 +141,21 @@ class EngineRegistry:
                 continue
         await engine.wait_ready()
 
-    async def get(self, preset: Preset) -> Engine:
-        """The preset's engine, ready; starts it (once) if needed, or wakes it if asleep."""
-        async for _ in self.wait_until_ready(preset):
-            pass
+    async def ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str | Engine, None]:
+        """`wait_until_ready`'s status lines, then the preset's engine, ready, as the last item: one
+        call takes a reply from "pick a preset" to "an engine to write with". Raises as `wait_until_ready`."""
+        async for status in self.wait_until_ready(preset, every_s):
+            yield status
         engine = self.start(preset)
         engine.last_used = time.monotonic()
-        return engine
+        yield engine
+
+    async def get(self, preset: Preset) -> Engine:
+        """The preset's engine, ready; starts it (once) if needed, or wakes it if asleep."""
+        async for step in self.ready(preset):
+            if isinstance(step, Engine):
+                return step
+        raise AssertionError("EngineRegistry.ready ended without an engine")
 
     def _wake(self, engine: Engine) -> None:
         if engine.task is not None and not engine.task.done():

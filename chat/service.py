@@ -2,7 +2,7 @@
 
     request = ReplyRequest("Write a haiku.", preset="SmolLM2 135M (CPU)", sampling={"max_tokens": 64})
     async for event in service.reply(request):
-        ...   # Waiting(status) while an engine starts, Writing(reply) per redraw, then Finished or Failed
+        ...   # Waiting(status) while an engine starts, Writing(reply, line) per redraw, then Finished or Failed
 
 `ChatService.reply` checks the message, resolves the preset and its settings (once), waits for the
 engine with progress, applies the system-prompt policy, streams the reply with paced redraws,
@@ -11,7 +11,7 @@ browser or API client names a file, a model or an engine argument: they pick a p
 send sampling values, which are checked against that preset's ranges.
 
     browser / API ─> chat_tab.respond · CompareTab · api.generate
-                       └─> ChatService.reply ─> registry.wait_until_ready, Reply (chat.stream)
+                       └─> ChatService.reply ─> registry.ready, Reply (chat.stream)
                                                    └─> Engine.render / Engine.generate ─> vLLM
 """
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chat import metrics
+from chat.engine import Engine
 from chat.errors import UNEXPECTED_ERROR, ChatError, EmptyMessage, EngineBusy, InputError, PresetError, Stopped
 from chat.history import to_model_messages
 from chat.pacing import RedrawPacer
@@ -65,12 +66,10 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Writing:
-    """New text to show: `reply.text` so far, `reply.progress` for the line beneath it."""
+    """New text to show: `reply.text` so far, and `line`, the line beneath it as it stood then."""
 
     reply: Reply
-
-    def line(self) -> str:
-        return self.reply.progress.line(time.monotonic())
+    line: str
 
 
 @dataclass(frozen=True)
@@ -174,11 +173,14 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
-            async for status in self.registry.wait_until_ready(preset):
+            engine: Engine | None = None
+            async for step in self.registry.ready(preset):  # status lines, then the ready engine
                 ticket.check()
-                yield Waiting(status)
-            ticket.check()
-            engine = await self.registry.get(preset)
+                if isinstance(step, Engine):
+                    engine = step
+                else:
+                    yield Waiting(step)
+            assert engine is not None
             now = time.monotonic()
             reply = ticket.reply = Reply(
                 engine, preset, messages, sampling,
@@ -218,7 +220,7 @@ class ChatService:
                     if not first_token_counted and reply.progress.first_token_at is not None:
                         first_token_counted = True
                         metrics.first_token(reply.preset.name, reply.progress.first_token_at - reply.submitted_at)
-                    yield Writing(reply)
+                    yield Writing(reply, reply.progress.line(time.monotonic()))
         finally:
             self.pacer.ended()
             in_flight.dec()

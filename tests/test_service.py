@@ -40,7 +40,7 @@ async def test_a_reply_is_writing_events_then_one_finished_with_stats(service, e
     assert writing and writing[0].reply is events[-1].reply
     reply = events[-1].reply
     assert reply.stats.finish is Finish.MAX_TOKENS and reply.stats.generated_tokens == 12
-    assert reply.text.strip() and writing[-1].line().startswith(("Writing…", "Reading"))
+    assert reply.text.strip() and writing[-1].line.startswith(("Writing…", "Reading"))
     assert await engine_idle(engine)
 
 

@@ -173,7 +173,7 @@ def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMes
                         live.write(event.reply.text, event.line)
                         if not live.redraw_due():
                             continue
-                    yield event_messages(event, live)
+                    yield event_messages(event, live.log.id if live is not None else None)
         finally:
             if live is not None:
                 live.end()

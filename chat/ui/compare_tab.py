@@ -186,8 +186,8 @@ class CompareTab:
         return out
 
     def chats(self, comparison: Comparison | None, jobs: Sequence[Job] = (),
-              lives: dict[int, LiveText] | None = None) -> dict[Any, Any]:
-        return {bot: column_messages(comparison, i, jobs, lives) if comparison and i < len(comparison.columns) else []
+              live_ids: dict[int, str] | None = None) -> dict[Any, Any]:
+        return {bot: column_messages(comparison, i, jobs, live_ids) if comparison and i < len(comparison.columns) else []
                 for i, bot in enumerate(self.chatbots)}
 
     def after_turn(self, board: Board) -> dict[Any, Any]:
@@ -243,6 +243,7 @@ class CompareTab:
         assert board.comparison is not None
         browser, blind = is_browser(request), board.comparison.hides_stats
         lives = {id(each): LiveText(self.service.logs) for each in jobs} if browser else {}
+        live_ids = {job: live.log.id for job, live in lives.items()}
         for each in jobs if browser else ():
             live = lives[id(each)]
             # Blind, the line beneath each column is "Writing…" until the vote: its figures would
@@ -253,7 +254,7 @@ class CompareTab:
             yield first
             async with contextlib.aclosing(self.comparisons.write(jobs, REDRAW_S if browser else 0.0)) as redraws:
                 async for _ in redraws:
-                    yield self.chats(board.comparison, jobs, lives)
+                    yield self.chats(board.comparison, jobs, live_ids)
             yield {**self.chats(board.comparison), **self.after_turn(board)}
         finally:
             for live in lives.values():

@@ -12,16 +12,15 @@ from chat.compare import HIDDEN_STATS, ComparedReply, Comparison
 from chat.compare_report import summarize
 from chat.fanout import Job
 from chat.service import Waiting, Writing
-from chat.ui.live import LiveText
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
 
 HIDDEN_DETAILS = "The preset and its exact settings are shown after you vote."
 
 
 def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = (),
-                    lives: Mapping[int, LiveText] | None = None) -> list[gr.ChatMessage]:
+                    live_ids: Mapping[int, str] | None = None) -> list[gr.ChatMessage]:
     """The column's conversation: each prompt, its reply with stats beneath, and any reruns; a
-    reply being written (its job in `jobs`) with its live text where `lives` has it (by job)."""
+    reply being written (its job in `jobs`) with its live text where `live_ids` has its log (by job)."""
     live = {id(job.entry): job for job in jobs}
     messages = []
     for turn in comparison.turns:
@@ -30,19 +29,19 @@ def column_messages(comparison: Comparison, column: int, jobs: Sequence[Job] = (
             if entry.attempt > 1:
                 messages.append(annotation(f"↻ Rerun {entry.attempt - 1} of this prompt, same preset and settings"))
             job = live.get(id(entry))
-            messages += entry_messages(comparison, entry, job, (lives or {}).get(id(job)))
+            messages += entry_messages(comparison, entry, job, (live_ids or {}).get(id(job)))
     return messages
 
 
 def entry_messages(comparison: Comparison, entry: ComparedReply, job: Job | None,
-                   live: LiveText | None = None) -> list[gr.ChatMessage]:
+                   live_id: str | None = None) -> list[gr.ChatMessage]:
     """One reply of a column. Blind, until the vote, every column's lines read the same: no engine
     status (it names the preset), no tokens, no times (they tell the columns apart)."""
     blind = comparison.hides_stats
     if not entry.finished:
         if job is None or job.event is None or (blind and isinstance(job.event, Waiting)):
             return [annotation(f"{WAITING} Waiting for the engine…", pending=True)]
-        messages = event_messages(job.event, live)
+        messages = event_messages(job.event, live_id)
         if blind and isinstance(job.event, Writing):
             messages[-1] = annotation(f"{WAITING} Writing…", pending=True)
         return messages

@@ -5,15 +5,16 @@ update, in the one event loop that also runs the engine's output handler; with h
 at once that work, not the engine, set the pace (bench/frontend.py measures it). So for a browser
 each reply's new text goes into a `ReplyLog` (the WebSocket API's own, chat/reply_log.py) and
 Gradio redraws the reply only now and then. Each redraw starts the reply with an empty box
-(`<div class="live-reply stream-ID">`); the page's script (live.js, in the page's head) follows the
-log over /chat ("watch") and renders the whole reply so far as Markdown into that box, with the
-same parser and options as Gradio's chat (marked 12, GitHub-flavoured, line breaks kept), holding
-back a last line that could still turn into other syntax (an opening fence, a list marker, a table
-row), so the visitor never sees Markdown as text or a block changing form. While the box has
+(`<div class="live-reply stream-ID">`, which chat/ui/messages.py draws with the log's id); the
+page's script (live.js, in the page's head) follows the log over /chat ("watch") and renders the
+whole reply so far as Markdown into that box, with the same parser and options as Gradio's chat
+(marked 12, GitHub-flavoured, line breaks kept), holding back a last line that could still turn
+into other syntax (an opening fence, a list marker, a table row), so the visitor never sees Markdown as text or a block changing form. While the box has
 content the page hides Gradio's own copy of the text after it (style.py); that copy is there for a
 page whose script or socket failed. When the reply ends Gradio draws the finished text, rendered
 the same way. The line beneath the reply ("Writing… 0:03 · 41 tokens") travels with the text and
-the page shows it as the text arrives (`line_box`), where Gradio's redraws would show it once a second.
+the page shows it as the text arrives (in the box `messages.live_line` draws), where Gradio's
+redraws would show it once a second.
 
 Programs calling the Gradio API (`gradio_client` says so in a header) cannot run the script, so
 they get every redraw's text through Gradio, without a box.
@@ -21,11 +22,8 @@ they get every redraw's text through Gradio, without a box.
 
 from __future__ import annotations
 
-import html
-import re
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
@@ -40,9 +38,6 @@ SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
 HEAD = f"<script>(function (define, module, exports) {{\n{MARKED}\n}}).call(window);</script><script>{SCRIPT}</script>"
 REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the box shows the rest)
 LINE_EVERY_S = 0.1  # the line beneath a reply travels with its text at most this often
-# The box, as it appears in the reply's Markdown: in class names, because Gradio's HTML sanitiser
-# keeps classes and drops data- attributes; a blank line after it, so the text is Markdown again.
-PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n')
 
 
 def is_browser(request: gr.Request | None) -> bool:
@@ -61,15 +56,15 @@ class LiveText:
         self.deltas = 0
         self._drawn_at = self._line_at = float("-inf")
 
-    def write(self, text: str, line: Callable[[], str] | None = None) -> None:
+    def write(self, text: str, line: str | None = None) -> None:
         """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
-        reply as it stands now (`line()`, where the page may show it: see `line_box`), at most ten
+        reply as it stands now (`line`, where the page may show it: see `messages.live_line`), at most ten
         times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
         if len(text) > self.sent:
             extra = {}
             now = time.monotonic()
             if line is not None and now - self._line_at >= LINE_EVERY_S:
-                extra["line"], self._line_at = line(), now
+                extra["line"], self._line_at = line, now
             self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
             self.sent, self.deltas = len(text), self.deltas + 1
 
@@ -80,15 +75,6 @@ class LiveText:
             return False
         self._drawn_at = now
         return True
-
-    def body(self, shown: str) -> str:
-        """The reply's message while it is written: the box the page renders the live text into,
-        then `shown` (the reply so far, as displayed), which the page hides while the box has text."""
-        return f'<div class="live-reply stream-{html.escape(self.log.id)}"></div>\n\n{shown}'
-
-    def line_box(self, line: str) -> str:
-        """The line beneath the reply while it is written, in a box the page keeps current with the text."""
-        return f'<span class="live-line stream-{html.escape(self.log.id)}">{html.escape(line)}</span>'
 
     def end(self) -> None:
         if self.log.running:

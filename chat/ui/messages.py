@@ -7,6 +7,7 @@ title, which is how `chat.history` knows never to send them back to the model.
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from typing import Any
@@ -19,7 +20,6 @@ from chat.service import Finished, ReplyEvent, Waiting, Writing
 from chat.stats import ReplyStats
 from chat.stream import Reply
 from chat.ui.downloads import new_folder
-from chat.ui.live import LiveText
 
 STATS = "📊"
 WAITING = "⏳"
@@ -52,17 +52,34 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
     return messages
 
 
-def event_messages(event: ReplyEvent, live: LiveText | None = None) -> list[gr.ChatMessage]:
+# The box the page renders a reply's live text into, as it appears in the reply's Markdown: in class
+# names, because Gradio's HTML sanitiser keeps classes and drops data- attributes; a blank line after
+# it, so the text is Markdown again.
+PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n')
+
+
+def live_body(live_id: str, shown: str) -> str:
+    """A reply's message while it is written: the box the page renders the live text of the log
+    `live_id` into, then `shown` (the reply so far, as displayed), which the page hides while the box has text."""
+    return f'<div class="live-reply stream-{html.escape(live_id)}"></div>\n\n{shown}'
+
+
+def live_line(live_id: str, line: str) -> str:
+    """The line beneath a reply while it is written, in a box the page keeps current with the text."""
+    return f'<span class="live-line stream-{html.escape(live_id)}">{html.escape(line)}</span>'
+
+
+def event_messages(event: ReplyEvent, live_id: str | None = None) -> list[gr.ChatMessage]:
     """A reply as it stands after one event of the pipeline: its text, and the line beneath it.
-    With `live`, the page's script renders the text as it arrives (chat/ui/live.py)."""
+    With `live_id` (a LiveText's log), the page's script renders the text as it arrives (chat/ui/live.py)."""
     if isinstance(event, Waiting):
         return [annotation(f"{WAITING} {event.status}", pending=True)]
-    if isinstance(event, Writing) and live is not None:
-        body = live.body(shown_text(event.reply.text))
+    if isinstance(event, Writing) and live_id is not None:
+        body = live_body(live_id, shown_text(event.reply.text))
         return [gr.ChatMessage(role="assistant", content=body),
-                annotation(f"{WAITING} {live.line_box(event.line())}", pending=True)]
+                annotation(f"{WAITING} {live_line(live_id, event.line)}", pending=True)]
     if isinstance(event, Writing):
-        return reply_messages(event.reply, annotation(f"{WAITING} {event.line()}", pending=True))
+        return reply_messages(event.reply, annotation(f"{WAITING} {event.line}", pending=True))
     if isinstance(event, Finished):
         assert event.reply.stats is not None
         return reply_messages(event.reply, stats_annotation(event.reply.stats, event.reply.notice))

@@ -4,10 +4,12 @@ from the keyboard alone (type, send, stop, switch preset)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from chat.stats import REPLIED
 from tests.test_browser import REPLY_TEXT, REPLY_TITLE
@@ -22,8 +24,17 @@ BLOCKING = {"serious", "critical"}
 # reported as scrollable-region-focusable on a phone) are plain tables now (chat/ui/tables.py).
 
 
-def problems(page) -> list[str]:
-    """axe's serious and critical findings on the page as it is now, one line per element."""
+# Gradio dims a component to a fifth while it updates (`.pending`) and rings one being written
+# (`.generating`): a scan then would judge the dimmed colours and a half-made reply, not the page.
+SETTLED = "() => !document.querySelector('.pending, .generating')"
+
+
+def problems(page, settled: bool = True) -> list[str]:
+    """axe's serious and critical findings on the page, one line per element: once Gradio has no
+    update in flight (or, if one never ends, after half a minute), unless `settled` is False."""
+    if settled:
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_function(SETTLED, timeout=30_000)
     found = []
     for rule in AXE.run(page).response["violations"]:
         if rule["impact"] not in BLOCKING:
@@ -96,7 +107,7 @@ def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(b
         box.fill("Say hello in five words.")
         box.press("Enter")
         page.locator("#stop").wait_for(state="visible")
-        found["Chat, writing"] = problems(page)  # Stop and a busy stats line on screen
+        found["Chat, writing"] = problems(page, settled=False)  # Stop and a busy stats line on screen
         page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
         found["Chat, after a reply"] = problems(page)  # the stats fold beneath the reply
 
@@ -104,33 +115,30 @@ def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(b
         page.locator("#monitor-charts svg").first.wait_for()
         found["Monitor, with charts"] = problems(page)
 
-        open_tab(page, "Compare")
-        page.locator("#compare-blind input").uncheck()  # the stats and their charts show without a vote
-        prompt = page.locator("#compare-prompt textarea")
-        prompt.fill("Name a fruit.")
-        prompt.press("Enter")
-        for column in (0, 1):
-            title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text=REPLIED)
-            title.first.wait_for(timeout=120_000)
-        page.locator("#compare-ttft-plot svg").first.wait_for()
+        compare_with_replies(page)
         found["Compare, after a comparison"] = problems(page)  # votes, summary table, bar charts
         assert not any(found.values()), found
     finally:
         context.close()
 
 
+def compare_with_replies(page) -> None:
+    """On the Compare tab, a comparison with names showing, until both replies and the charts are there."""
+    open_tab(page, "Compare")
+    page.locator("#compare-blind input").uncheck()  # the stats, summary and charts show without a vote
+    prompt = page.locator("#compare-prompt textarea")
+    prompt.fill("Name a fruit.")
+    prompt.press("Enter")
+    for column in (0, 1):
+        title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text=REPLIED)
+        title.first.wait_for(timeout=120_000)
+    page.locator("#compare-ttft-plot svg").first.wait_for()
+
+
 def test_a_comparison_with_replies_on_a_phone_has_no_serious_accessibility_problem(browser, app_server):
     context, page = new_page(browser, app_server, "phone")
     try:
-        open_tab(page, "Compare")
-        page.locator("#compare-blind input").uncheck()  # the stats, summary and charts show without a vote
-        prompt = page.locator("#compare-prompt textarea")
-        prompt.fill("Name a fruit.")
-        prompt.press("Enter")
-        for column in (0, 1):
-            title = page.locator(f"#compare-chat-{column} .bot-row .thought .title").filter(has_text=REPLIED)
-            title.first.wait_for(timeout=120_000)
-        page.locator("#compare-ttft-plot svg").first.wait_for()
+        compare_with_replies(page)
         page.locator("#compare-summary tbody td[data-label=Preset]").first.wait_for()
         assert problems(page) == []
         assert page.evaluate(PAST_THE_EDGE, "body") == [], "the summary table and all else within a phone's width"

@@ -209,9 +209,11 @@ def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[.
     async def plain(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             result = await step(self, block_fn, *args, **kwargs)
-            if what == "outputs" and not _sendable(result):
+            if what == "outputs" and not _written_here(block_fn) and not _sendable(result):
                 # e.g. ChatInterface's _save_conversation writing an int key into a dict a caller sent
                 # as the saved chats: Gradio's event stream would fail on it (its JSON needs str keys).
+                # Outputs this app's own functions make are not checked (the streaming chat's are, every
+                # redraw, and one they could not send would be a bug, to show with its traceback).
                 log.info("Refused an event's outputs: they cannot be sent as JSON")
                 raise _callers_fault(BAD_INPUTS)
             return result
@@ -230,6 +232,11 @@ def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[.
 
     plain.plain_input_errors = True  # type: ignore[attr-defined]
     return plain
+
+
+def _written_here(block_fn: Any) -> bool:
+    """Whether an event's function is this app's (ChatInterface's wrapper of it keeps its module)."""
+    return str(getattr(getattr(block_fn, "fn", None), "__module__", "")).split(".")[0] == "chat"
 
 
 def _sendable(outputs: object) -> bool:

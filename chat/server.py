@@ -189,9 +189,10 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat import metrics
     from chat.auth import LoginLimit
     from chat.owner_link import LinkedRegistry
-    from chat.ui import CSS, HEAD
+    from chat.ui import CSS, HEAD, live
     from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
     from chat.ui.gradio_internals import serve_on
+    from chat.ui.page_shell import PageShell, shell_of
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
     from chat.web import routes
@@ -220,11 +221,14 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
                   Middleware(PlainGradioErrors)]
     if app.login is not None:
         middleware.append(Middleware(LoginLimit))
+    else:  # behind a login the page is a login form, not the chat whose title the shell shows
+        middleware.append(Middleware(PageShell, shell=shell_of(app.default)))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
     if worker is not None:
         serve_on(worker.listener)
-    extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login)]
+    extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login),
+                    *live.routes()]
     app.demo.launch(
         css=CSS,
         theme=THEME,

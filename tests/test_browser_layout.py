@@ -146,3 +146,36 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
         open_tab(page, tab)
         assert page.evaluate(PAST_THE_EDGE, "body") == [], f"nothing on {tab} past the screen's edge"
     context.close()
+
+
+@pytest.mark.parametrize("device", ["phone", "laptop"])
+def test_the_title_shows_before_the_scripts_run_where_gradio_will_draw_it(browser, app_server, device):
+    """The page's HTML carries the Chat tab's title (chat/ui/page_shell.py): a visitor reads it at
+    once, not after Gradio's scripts have built the page, and it gives way to Gradio's own title in
+    the same place, so nothing jumps."""
+    width, height = WIDTHS[device]
+    sizes = {"viewport": {"width": width, "height": height}, "is_mobile": device == "phone"}
+    title = "(e) => { const b = e.getBoundingClientRect(); return {x: b.x, y: b.y, h: b.height, text: e.textContent}; }"
+    without_scripts = browser.new_context(java_script_enabled=False, **sizes)
+    page = without_scripts.new_page()
+    page.goto(app_server.url)
+    shell = page.locator("#page-shell h2")
+    assert shell.is_visible(), "the title is in the page's HTML"
+    before = shell.evaluate(title)
+    without_scripts.close()
+
+    context = browser.new_context(**sizes)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_server.url)
+    drawn = page.locator("#title h2")
+    drawn.wait_for()
+    after = drawn.evaluate(title)
+    assert not page.locator("#page-shell").is_visible(), "gone once Gradio has drawn the page"
+    assert after["text"] == before["text"]
+    # The same line; on a laptop Gradio's page has a scroll bar, which moves its centred column 7.5 px.
+    assert abs(after["y"] - before["y"]) <= 1 and abs(after["h"] - before["h"]) <= 1, (before, after)
+    assert abs(after["x"] - before["x"]) <= 10, (before, after)
+    # marked, the reply renderer's parser, comes as a script of its own, kept by the browser.
+    assert page.evaluate("() => typeof window.marked?.Marked") == "function"
+    context.close()

@@ -86,7 +86,7 @@ SAMPLER = """([selector, title, sample]) => {
 }"""
 
 MARKER_AS_TEXT = re.compile(r"^\s*(\d{1,9}[.)]|[-*+>]|#{1,6})(\s|$)")
-CODE_AS_TEXT = re.compile(r"\bdef \w+\(|\bprint\(|\breturn \w")
+CODE_AS_TEXT = re.compile(r"\bdef \w+\(|\bprint\(|\breturn \w+ ?[-+*/%(]")  # "return the result" is prose
 
 
 def problems(sample: dict) -> list[str]:

@@ -109,6 +109,8 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     assert http_status(url + "metrics", ("demo", "wrong")) == 401
     assert http_status(url + "healthz") == 200  # open for load balancers: states and counts only
     assert http_status(url + "status") == 401 and http_status(url + "status", AUTH) == 200  # the engine line
+    with urllib.request.urlopen(url, timeout=10) as page:  # a login form: no title of the chat behind it
+        assert b'id="page-shell"' not in page.read()
     with pytest.raises(Exception, match="(?i)log ?in|auth|401|403"):
         Client(url, verbose=False)
     with pytest.raises(Exception, match="403|rejected|InvalidStatus"):

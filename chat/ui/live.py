@@ -27,17 +27,34 @@ import uuid
 from pathlib import Path
 
 import gradio as gr
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from chat.reply_log import ReplyLog, ReplyStore
 
 _HERE = Path(__file__).parent
 # marked, the Markdown parser Gradio's chat uses, run where no AMD loader or CommonJS module can
-# claim it (it then sets window.marked).
+# claim it (it then sets window.marked). A script of its own, kept by the browser (its address names
+# its version): inline, its 35 KB travelled in Gradio's configuration (where Gradio keeps `head`)
+# with every visit, to be parsed before anything was drawn.
 MARKED = (_HERE / "vendor" / "marked-12.0.2.min.js").read_text(encoding="utf-8")
+MARKED_PATH = "page/marked-12.0.2.js"
 SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
-HEAD = f"<script>(function (define, module, exports) {{\n{MARKED}\n}}).call(window);</script><script>{SCRIPT}</script>"
+HEAD = f'<script defer src="{MARKED_PATH}"></script><script>{SCRIPT}</script>'
 REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the box shows the rest)
 LINE_EVERY_S = 0.1  # the line beneath a reply travels with its text at most this often
+
+
+def routes() -> list[Route]:
+    """The page's copy of marked (relative to the page, as the page asks for it)."""
+    script = f"(function (define, module, exports) {{\n{MARKED}\n}}).call(window);\n"
+
+    async def marked(request: Request) -> Response:
+        return Response(script, media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=31536000, immutable"})
+
+    return [Route(f"/{MARKED_PATH}", marked, methods=["GET"])]
 
 
 def is_browser(request: gr.Request | None) -> bool:

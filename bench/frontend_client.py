@@ -127,6 +127,24 @@ async def ws_turn(url: str, index: int, request: Request, preset: str, sampling:
                 done=time.monotonic(), requests=1, error=reply.error or (None if reply.completed else "not completed"))
 
 
+def _take(http: httpx.AsyncClient, url: str, page: Page | None, protocol: str, index: int, request: Request,
+          ws: dict[str, Any]) -> Any:
+    """One turn through `protocol`'s door (a coroutine)."""
+    if protocol == "browser":
+        return browser_turn(http, url, page, index, request)
+    if protocol == "api":
+        return api_turn(http, url, page, index, request)
+    return ws_turn(url, index, request, ws["preset"], ws["sampling"])
+
+
+async def _timed(one: Any, index: int) -> Turn:
+    started = time.monotonic()
+    try:
+        return await asyncio.wait_for(one, TURN_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
+        return Turn(index, started, error=repr(exc))
+
+
 async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
                   ws: dict[str, Any]) -> list[Turn]:
     async with _client(concurrency) as http:
@@ -137,40 +155,48 @@ async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], conc
         async def reader() -> None:
             while todo:
                 index, request = todo.pop(0)
-                started = time.monotonic()
-                if protocol == "browser":
-                    one = browser_turn(http, url, page, index, request)
-                elif protocol == "api":
-                    one = api_turn(http, url, page, index, request)
-                else:
-                    one = ws_turn(url, index, request, ws["preset"], ws["sampling"])
-                try:
-                    turn = await asyncio.wait_for(one, TURN_TIMEOUT_S)
-                except Exception as exc:  # noqa: BLE001 - counted as an error by the caller
-                    turn = Turn(index, started, error=repr(exc))
-                out.append(turn)
+                out.append(await _timed(_take(http, url, page, protocol, index, request, ws), index))
 
         await asyncio.gather(*(reader() for _ in range(max(1, concurrency))))
         return out
 
 
+async def _open(url: str, protocol: str, work: list[tuple[int, Request]], t0: float, rate: float,
+                ws: dict[str, Any]) -> list[Turn]:
+    """Open loop: turn i starts at t0 + i / rate, whatever the server's state (arrivals, not readers)."""
+    async with _client(len(work)) as http:
+        page = await load_page(http, url) if protocol != "ws" else None
+
+        async def arrive(index: int, request: Request) -> Turn:
+            await asyncio.sleep(max(0.0, t0 + index / rate - time.monotonic()))
+            return await _timed(_take(http, url, page, protocol, index, request, ws), index)
+
+        return list(await asyncio.gather(*(arrive(i, r) for i, r in work)))
+
+
 def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
-           ws: dict[str, Any]) -> list[dict[str, Any]]:
+           ws: dict[str, Any], t0: float | None = None, rate: float | None = None) -> list[dict[str, Any]]:
+    if rate:
+        assert t0 is not None
+        return [asdict(t) for t in asyncio.run(_open(url, protocol, work, t0, rate, ws))]
     return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws))]
 
 
 def take_turns(url: str, protocol: str, requests: list[Request], *, concurrency: int, procs: int = 1,
-               ws: dict[str, Any] | None = None) -> list[Turn]:
-    """Every request taken once as a turn, `concurrency` at a time; turns in request order.
+               ws: dict[str, Any] | None = None, rate: float | None = None) -> list[Turn]:
+    """Every request taken once as a turn, `concurrency` at a time, or with `rate`, arriving at that
+    many a second (open loop); turns in request order.
     `ws`: the preset name and sampling values the WebSocket requests carry."""
     work = list(enumerate(requests))
-    procs = max(1, min(procs, concurrency, len(work)))
+    procs = max(1, min(procs, len(work) if rate else concurrency, len(work)))
     if procs == 1:
-        turns = _shard(url, protocol, work, concurrency, ws or {})
+        turns = _shard(url, protocol, work, concurrency, ws or {}, time.monotonic() + 0.2, rate)
     else:
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
+        t0 = time.monotonic() + 2.0  # time for the client processes to start (one clock for all: CLOCK_MONOTONIC)
         with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}) for i in range(procs)]
+            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}, t0, rate)
+                       for i in range(procs)]
             turns = [t for f in futures for t in f.result()]
     return sorted((Turn(**{**t, "updates": [tuple(u) for u in t["updates"]]}) for t in turns), key=lambda t: t.index)
 

@@ -300,7 +300,7 @@ class Measurements:
                 break
         log.result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            for app in (a for a in apps if not a.notes.get("bursts_only") and a.notes.get("measured", True)):
+            for app in (a for a in apps if a.notes.get("measured", True)):
                 if log.left() < args.rate_seconds + 30:
                     log.event(f"deadline: {app.name} not run at {rate}/s")
                     continue

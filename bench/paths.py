@@ -142,20 +142,18 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
 
 def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1) -> Target:
     """The same app server (and engine) as `app`, used as a browser uses it: the Chat tab's own
-    events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py).
-    Closed loop only (bursts); steady arrivals go through the other paths."""
+    events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py);
+    bursts (closed loop) or steady arrivals (`rate`), each turn a new tab."""
     from bench.frontend_client import Request, take_turns
 
     url = app.notes["url"]
 
     def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
-        if rate:
-            raise NotImplementedError("the browser path runs bursts only")
         asks = [Request(user_message(first + i, context_lines), max_tokens, [], {"knob-max_tokens": max_tokens})
                 for i in range(requests)]
         timelines = []
-        for turn in take_turns(url, "browser", asks, concurrency=concurrency,
-                               procs=client_procs if concurrency >= 16 else 1):
+        for turn in take_turns(url, "browser", asks, concurrency=concurrency, rate=rate,
+                               procs=client_procs if concurrency >= 16 or rate else 1):
             timeline = Timeline(started=turn.started, tokens=max_tokens, handler_started=turn.process_started)
             grew = [(t, length) for (t, length), (_, before) in zip(turn.updates, [(0, 0), *turn.updates], strict=False)
                     if length > before]
@@ -169,7 +167,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
         return timelines
 
     target = Target(f"{app.name}-browser", [], app.frontend_pids, run)
-    target.notes = {"url": url, "shares_server_with": app.name, "bursts_only": True}
+    target.notes = {"url": url, "shares_server_with": app.name}
     return target
 
 

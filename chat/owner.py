@@ -56,6 +56,7 @@ class Peer:
         self.worker: int | None = None  # its UI worker number, once it said hello
         self.writer = writer
         self.reports: dict[str, dict[str, Any]] = {}  # engine key -> its latest report
+        self.settled = False  # its first engine start has ended (joined and warmed up, or failed)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -188,6 +189,10 @@ class EngineOwner(EngineRegistry):
 
     # --- the workers -----------------------------------------------------------------------
 
+    def settled(self, worker: int) -> bool:
+        """Whether UI worker `worker` (its current process) has ended its first engine start."""
+        return any(p.worker == worker and p.settled for p in self.peers.values())
+
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = Peer(next(self._numbers), writer)
         self.peers[peer.number] = peer
@@ -225,6 +230,7 @@ class EngineOwner(EngineRegistry):
 
     def _record(self, peer: Peer, message: dict[str, Any]) -> None:
         peer.reports = message.get("engines", {})
+        peer.settled = peer.settled or bool(message.get("settled"))
         now = time.monotonic()
         for key, report in peer.reports.items():
             engine = self._engines.get(key)

@@ -277,8 +277,15 @@ class LinkedRegistry(EngineRegistry):
                      if at > self._sent_first_tokens]
             self._sent_first_tokens = mono
             with contextlib.suppress(ConnectionError):
-                await self.link.send({"op": "report", "at": now, "engines": engines, "first_tokens": fresh})
+                await self.link.send({"op": "report", "at": now, "engines": engines, "first_tokens": fresh,
+                                      "settled": self.settled()})
             await asyncio.sleep(REPORT_EVERY_S)
+
+    def settled(self) -> bool:
+        """Whether this worker has an engine and none of its engines is still starting (joining a
+        core, warming up): until then its event loop shares the processor with that work."""
+        engines = list(self)
+        return bool(engines) and not any(e.state is EngineState.STARTING for e in engines)
 
     def overview(self, first_tokens: bool = False) -> list[EngineView]:
         engines = self.link.snapshot.get("engines")

@@ -44,7 +44,7 @@ from chat.front_door import MISSING, FrontDoor, caddy_binary
 from chat.presets import PresetCatalog
 
 if TYPE_CHECKING:
-    pass
+    from chat.owner import EngineOwner
 
 log = logging.getLogger("chat.supervisor")
 
@@ -107,7 +107,9 @@ class WorkerProcess:
     index: int
     bound: socket.socket  # private_port()
     process: BaseProcess | None = None
-    state: str = "starting"  # starting, serving, restarting, stopped
+    # starting, serving (listening, and its first engine start has ended: /healthz waits for every
+    # worker's first), restarting, stopped
+    state: str = "starting"
 
     def __post_init__(self) -> None:
         # Read once: a socket that has stopped listening reports port 0 until it listens again.
@@ -154,8 +156,8 @@ class Supervisor:
                 self.start_worker(worker)
             announced = False
             while not self.stopping.is_set():
-                await self.look_after()
-                if not announced and first.ready_at is not None and any(w.state == "serving" for w in self.workers):
+                await self.look_after(owner)
+                if not announced and first.ready_at is not None and all(w.state == "serving" for w in self.workers):
                     print(logs.ready_line(default.name, url), flush=True)
                     announced = True
                 with contextlib.suppress(TimeoutError):
@@ -200,7 +202,7 @@ class Supervisor:
 
         loop.add_reader(ended, on_end)
 
-    async def look_after(self) -> None:
+    async def look_after(self, owner: EngineOwner) -> None:
         from chat import metrics
 
         if not self.front.alive:
@@ -218,7 +220,7 @@ class Supervisor:
                 worker.state = "restarting"
                 metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
                 self.start_worker(worker)
-            elif worker.state != "serving" and await _listening("127.0.0.1", worker.port):
+            elif worker.state != "serving" and owner.settled(worker.index) and await _listening("127.0.0.1", worker.port):
                 worker.state = "serving"
                 metrics.UI_WORKER_UP.labels(str(worker.index)).set(1)
                 log.info("UI worker %d serving (process %s)", worker.index, process.pid)

@@ -24,10 +24,16 @@ def routes(
 ) -> list[BaseRoute]:
     """/healthz (for load balancers: states and counts only), /livez, /status and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
-        """200 when every loaded engine is ready; 503 with the reason while one starts or failed.
-        With a login, strangers learn only whether the app serves."""
+        """200 when every loaded engine is ready (and, with several UI workers, each has ended its
+        first start); 503 with the reason while one starts or failed. With a login, strangers learn
+        only whether the app serves."""
         views = service.registry.overview()
+        workers = service.registry.workers()
+        starting = sum(w["state"] == "starting" for w in workers)  # the app's first start only
         healthy = bool(views) and all(v.state in (EngineState.READY.value, EngineState.SLEEPING.value) for v in views)
+        reason = "; ".join(v.status for v in views) or "No engine is loaded yet."
+        if healthy and starting:
+            healthy, reason = False, f"{starting} of {len(workers)} UI workers are still starting."
         body: dict[str, Any] = {"status": "ok" if healthy else "unavailable"}
         if login is not None and not login.allows(request):
             return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
@@ -37,10 +43,10 @@ def routes(
              "start_seconds": v.start_seconds}
             for v in views
         ]
-        if workers := service.registry.workers():
+        if workers:
             body["workers"] = workers
         if not healthy:
-            body["reason"] = "; ".join(v.status for v in views) or "No engine is loaded yet."
+            body["reason"] = reason
         return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
 
     async def livez(request: Request) -> PlainTextResponse:

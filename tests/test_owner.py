@@ -152,3 +152,20 @@ async def test_a_worker_asking_for_an_engine_being_put_to_sleep_gets_it_woken_no
     assert a.llm.calls == ["sleep", "wake"] and a.state is EngineState.READY  # woken again for the newcomer
     assert b.state is EngineState.SLEEPING
     assert newcomer.sent[-1]["op"] == "slot"
+
+
+async def test_a_worker_counts_as_started_once_its_first_engine_has_joined_and_warmed_up(owner_and_workers):
+    """What the supervisor waits for before a worker is "serving" (and /healthz says ok at start):
+    a worker still joining its core shares its processor with that work."""
+    owner, engines, (first, _) = owner_and_workers
+    joining = first.peek(engines["A"].preset)
+    joining.state = EngineState.STARTING
+    reporting = asyncio.get_running_loop().create_task(first.report())
+    try:
+        assert await eventually(lambda: any(p.worker == 0 and p.reports for p in owner.peers.values()), 5)
+        assert not owner.settled(0) and not first.settled()
+        joining.state = EngineState.READY
+        assert await eventually(lambda: owner.settled(0), 5)
+        assert not owner.settled(1)  # the other worker has said nothing yet
+    finally:
+        reporting.cancel()

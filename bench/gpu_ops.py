@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switches", type=int, default=3, help="round trips A -> B -> A after the first")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds; no step starts after it")
     ap.add_argument("--cpu-smoke", action="store_true", help="the same steps on the CPU engine (tiny)")
+    ap.add_argument("--ui-workers", type=int, default=None, help="UI workers (default: the app's own choice)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
     args = ap.parse_args(argv)
     return asyncio.run(run(args))
@@ -234,6 +235,9 @@ async def run(args: argparse.Namespace) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     argv = [python(), "app.py", "--port", str(port), "--presets-dir", str(folder), "--preset", PRESETS[0]]
+    if args.ui_workers:
+        argv += ["--ui-workers", str(args.ui_workers)]
+    log.result["app_argv"] = argv[1:]
     if args.cpu_smoke:
         argv += ["--memory-budget-gb", "1.5"]  # room for one of the two (1 GiB of KV cache each), as on the GPU
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}

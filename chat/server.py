@@ -191,7 +191,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD, live
     from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
-    from chat.ui.gradio_internals import serve_on
+    from chat.ui.gradio_internals import serve_on, warm_event_path
     from chat.ui.page_shell import PageShell, shell_of
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
@@ -227,6 +227,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     atexit.register(end_children)
     if worker is not None:
         serve_on(worker.listener)
+    warm_event_path()  # before listening: a worker is not sent visitors until it listens
     extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login),
                     *live.routes()]
     app.demo.launch(

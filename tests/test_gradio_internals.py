@@ -129,3 +129,25 @@ def test_an_untested_gradio_is_refused_with_what_to_install(version, accepted):
         gradio_internals.check_version(version)
     assert f"Gradio {version} is installed" in str(caught.value)
     assert "pip install 'gradio>=6.31,<6.32'" in str(caught.value)
+
+
+def test_what_gradio_does_first_in_every_event_is_done_at_start(monkeypatch):
+    """Item 7: Gradio still enters matplotlib's backend manager around every event (importing
+    matplotlib where installed), and warm_event_path does it once, at start."""
+    import inspect
+
+    from gradio import route_utils, utils
+
+    assert "MatplotlibBackendMananger()" in inspect.getsource(route_utils.call_process_api)
+    entered: list[str] = []
+
+    class Manager:
+        def __enter__(self) -> None:
+            entered.append("enter")
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append("exit")
+
+    monkeypatch.setattr(utils, "MatplotlibBackendMananger", Manager)
+    gradio_internals.warm_event_path()
+    assert entered == ["enter", "exit"]

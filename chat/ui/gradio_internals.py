@@ -41,6 +41,12 @@ engine, limited replies at 64 and more streams:
    binding the port itself (`http_server.start_server`): a port picked by one process and bound
    later by another could be taken in between by any local program, which the front door would then
    send visitors to.
+
+7. Gradio runs every event inside `utils.MatplotlibBackendMananger` (`route_utils.call_process_api`),
+   which imports matplotlib where it is installed (on the H200 host, a dependency of vLLM's): the
+   first event in each process paid for that import, about half a second per UI worker (and the
+   font cache, the first time on a machine). `warm_event_path` pays it at start, before the
+   process serves.
 """
 
 from __future__ import annotations
@@ -340,3 +346,11 @@ def serve_on(listener: socket.socket) -> None:
         return host, port, f"http://{host}:{port}/", server
 
     http_server.start_server = start_server
+
+
+def warm_event_path() -> None:
+    """Item 7: blocking; what Gradio's first event in this process would otherwise do first."""
+    from gradio import utils
+
+    with utils.MatplotlibBackendMananger():
+        pass

@@ -10,9 +10,9 @@ records the metrics and takes Stop; callers only turn events into their own outp
 browser or API client names a file, a model or an engine argument: they pick a preset by name and
 send sampling values, which are checked against that preset's ranges.
 
-    browser / API ─> chat_tab.respond · CompareTab · api.generate
-                       └─> ChatService.reply ─> registry.ready, Reply (chat.stream)
-                                                   └─> Engine.render / Engine.generate ─> vLLM
+    browser / API ─> chat_tab.respond · CompareService.send · api.generate
+                       └─> ChatService.reply ─> registry.ready, then paced_reply (chat.stream)
+                                                                   └─> Engine.render / Engine.generate ─> vLLM
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
 from chat.reply_log import ReplyStore
 from chat.sampling import Sampling
-from chat.stream import Reply, paced
+from chat.stream import Reply, paced_reply
 
 log = logging.getLogger(__name__)
 UNKNOWN_PRESET = "(unknown preset)"
@@ -182,16 +182,17 @@ class ChatService:
                     yield Waiting(step)
             assert engine is not None
             now = time.monotonic()
-            reply = ticket.reply = Reply(
-                engine, preset, messages, sampling,
+            redraws = paced_reply(
+                engine, preset, messages, sampling, self.pacer.interval,
                 submitted_at=now,
                 # Time spent waiting for the engine to start is reported apart from time to first token.
                 engine_wait_s=max(now - request.submitted_at, 0.0),
                 priority=request.priority,
             )
+            reply = ticket.reply = await anext(redraws)  # made, not started: _stream drives it
             if ticket.stopped:
                 reply.stop()
-            async with contextlib.aclosing(self._stream(reply)) as writing:
+            async with contextlib.aclosing(self._stream(reply, redraws)) as writing:
                 async for event in writing:
                     yield event
             yield Finished(reply)
@@ -209,13 +210,13 @@ class ChatService:
             if reply is not None and reply.stats is not None:
                 metrics.reply_finished(reply.stats)
 
-    async def _stream(self, reply: Reply) -> AsyncGenerator[Writing, None]:
+    async def _stream(self, reply: Reply, redraws: AsyncGenerator[Reply, None]) -> AsyncGenerator[Writing, None]:
         in_flight = metrics.STREAMS_IN_FLIGHT.labels(reply.preset.name)
         in_flight.inc()
         self.pacer.started()
         first_token_counted = False
         try:
-            async with contextlib.aclosing(paced(reply, self.pacer.interval)) as redraws:  # closing it aborts
+            async with contextlib.aclosing(redraws):  # closing it aborts
                 async for _ in redraws:
                     if not first_token_counted and reply.progress.first_token_at is not None:
                         first_token_counted = True

@@ -28,9 +28,10 @@ from typing import Any
 
 from chat.compare import ComparedReply, Comparison
 from chat.errors import InputError, Stopped
+from chat.history import check_text
 from chat.presets import Preset
 from chat.sampling import Sampling
-from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest, Writing, check_text
+from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest, Writing
 from chat.share_link import encode_link
 
 
@@ -134,12 +135,16 @@ class CompareService:
 
     def link(self, picked: Sequence[str], blind: bool, prompt: str, settings: Sequence[Mapping[str, Any]]) -> str:
         """The share link's query of this setup: the picked presets, each with its slot's settings."""
-        presets = [self.service.preset(name) for name in picked]
+        presets = [self._preset(name) for name in picked]
         return encode_link(presets, [sampling_of(preset, picked, settings) for preset in presets], prompt, blind)
 
     def stop(self, session: str) -> None:
         """Stop every column of this session's comparison (not its Chat tab's reply)."""
         self.service.stop(stop_key(session))
+
+    def _preset(self, name: str) -> Preset:
+        """A preset by name, as the reply pipeline looks it up (`ChatService.preset`), without entering it."""
+        return self.service.catalog.runnable(name, self.service.default_preset, self.service.has_gpu)
 
     @contextlib.contextmanager
     def _turn_of(self, session: str) -> Iterator[None]:
@@ -158,10 +163,10 @@ class CompareService:
         """The turn added: one job per column, with that column's preset and settings (`settings[i]`
         for `picked[i]`; blind, `settings[0]` for every column, or they could be told apart)."""
         text = check_text(prompt, "Your message", new_message=True)
-        comparison = comparison or Comparison.start([self.service.preset(name) for name in picked], blind)
-        presets = [self.service.preset(column.preset) for column in comparison.columns]
+        comparison = comparison or Comparison.start([self._preset(name) for name in picked], blind)
+        presets = [self._preset(column.preset) for column in comparison.columns]
         if comparison.hides_stats:
-            base = self.service.preset(picked[0]) if picked else presets[0]
+            base = self._preset(picked[0]) if picked else presets[0]
             shared = base.sampling.resolve(settings[0] if settings else {}).as_dict()
             sampling = [preset.sampling.resolve(shared) for preset in presets]
         else:

@@ -26,8 +26,8 @@ from typing import Any
 
 from chat import metrics
 from chat.engine import Engine
-from chat.errors import UNEXPECTED_ERROR, ChatError, EmptyMessage, EngineBusy, InputError, PresetError, Stopped
-from chat.history import to_model_messages
+from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, InputError, Stopped
+from chat.history import check_text, to_model_messages
 from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
@@ -37,8 +37,6 @@ from chat.stream import Reply, paced_reply
 
 log = logging.getLogger(__name__)
 UNKNOWN_PRESET = "(unknown preset)"
-
-MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
 
 
 @dataclass(frozen=True)
@@ -124,13 +122,8 @@ class ChatService:
     # --- presets ---------------------------------------------------------------------------
 
     def preset(self, name: str | None) -> Preset:
-        """A preset this machine can run, by name; PresetError says why not otherwise."""
-        if name is not None and not isinstance(name, str):
-            raise PresetError(f"A preset is named by text; {str(name)[:100]!r} is not a preset's name.")
-        preset = self.catalog.get(name or self.default_preset)
-        if preset.needs_gpu and not self.has_gpu:
-            raise PresetError(self.catalog.unusable(has_gpu=False)[preset.name])
-        return preset
+        """A preset this machine can run, by name (None: the default); PresetError says why not otherwise."""
+        return self.catalog.runnable(name, self.default_preset, self.has_gpu)
 
     def preset_names(self) -> list[str]:
         """Usable presets, the default first."""
@@ -249,18 +242,6 @@ class ChatService:
             tickets.discard(ticket)
             if not tickets:
                 del self._tickets[key or ""]
-
-
-def check_text(text: object, what: str, *, new_message: bool = False) -> str:
-    """The text as it will be sent, or InputError saying what to change."""
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be text.")
-    if new_message and not text.strip():
-        raise EmptyMessage("Type a message first.")
-    if len(text) > MAX_MESSAGE_CHARS:
-        again = "send it again" if new_message else "send your message again"
-        raise InputError(f"{what} is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Shorten it and {again}.")
-    return text
 
 
 def _reason(exc: ChatError) -> str:

@@ -10,6 +10,7 @@ This module lays out the tab and wires its events. It is made when first opened 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -249,11 +250,8 @@ class CompareTab:
     async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
         """Send the prompt to every column (starting the comparison on the first one)."""
-        session = request.session_hash or ""
-
-        def send(every_s: float) -> AsyncGenerator[CompareEvent, None]:
-            return self.comparisons.send(board.comparison, picked, blind, prompt, slot_settings(knob_values), session,
-                                         every_s, link=True)
+        send = functools.partial(self.comparisons.send, board.comparison, picked, blind, prompt, slot_settings(knob_values),
+                                 request.session_hash or "", link=True)
 
         def first(begun: Begun) -> dict[Any, Any]:
             return {self.board: board, self.prompt: "", self.status: "", self.link_query: begun.link,
@@ -267,10 +265,7 @@ class CompareTab:
     def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
         async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
             """That turn's prompt again, in this column, with its preset and exact settings."""
-            comparison, session = board.comparison, request.session_hash or ""
-
-            def send(every_s: float) -> AsyncGenerator[CompareEvent, None]:
-                return self.comparisons.rerun(comparison, turn, column, session, every_s)
+            send = functools.partial(self.comparisons.rerun, board.comparison, turn, column, request.session_hash or "")
 
             def first(begun: Begun) -> dict[Any, Any]:
                 return {self.status: "", **self.chats(begun.comparison, begun.jobs),

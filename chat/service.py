@@ -153,7 +153,6 @@ class ChatService:
         """
         ticket = self._issue(request.stop_key)
         preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
-        reply: Reply | None = None
         try:
             preset = self.preset(request.preset)
             preset_name = preset.name
@@ -182,35 +181,40 @@ class ChatService:
                 engine_wait_s=max(now - request.submitted_at, 0.0),
                 priority=request.priority,
             )
-            reply = ticket.reply = await anext(redraws)  # made, not started: _stream drives it
-            if ticket.stopped:
-                reply.stop()
-            async with contextlib.aclosing(self._stream(reply, redraws)) as writing:
+            async with contextlib.aclosing(self._stream(preset, ticket, redraws)) as writing:
                 async for event in writing:
                     yield event
-            yield Finished(reply)
+            assert ticket.reply is not None
+            yield Finished(ticket.reply)
         except Stopped as exc:
             yield Failed(exc)
         except ChatError as exc:
-            if reply is None or not reply.generating:
+            if ticket.reply is None or not ticket.reply.generating:
                 metrics.rejected(preset_name, _reason(exc))
-            yield Failed(exc, reply)
+            yield Failed(exc, ticket.reply)
         except Exception:
             log.exception("Unexpected error while replying")
-            yield Failed(ChatError(UNEXPECTED_ERROR), reply)
+            yield Failed(ChatError(UNEXPECTED_ERROR), ticket.reply)
         finally:
             self._release(request.stop_key, ticket)
-            if reply is not None and reply.stats is not None:
-                metrics.reply_finished(reply.stats)
+            if ticket.reply is not None and ticket.reply.stats is not None:
+                metrics.reply_finished(ticket.reply.stats)
 
-    async def _stream(self, reply: Reply, redraws: AsyncGenerator[Reply, None]) -> AsyncGenerator[Writing, None]:
-        in_flight = metrics.STREAMS_IN_FLIGHT.labels(reply.preset.name)
+    async def _stream(self, preset: Preset, ticket: _Ticket,
+                      redraws: AsyncGenerator[Reply, None]) -> AsyncGenerator[Writing, None]:
+        """The reply `redraws` makes (kept on the ticket, for Stop and the end) as Writing events, one per redraw."""
+        in_flight = metrics.STREAMS_IN_FLIGHT.labels(preset.name)
         in_flight.inc()
         self.pacer.started()
         first_token_counted = False
         try:
             async with contextlib.aclosing(redraws):  # closing it aborts
-                async for _ in redraws:
+                async for reply in redraws:
+                    if ticket.reply is None:  # the first: made, not started
+                        ticket.reply = reply
+                        if ticket.stopped:
+                            reply.stop()
+                        continue
                     if not first_token_counted and reply.progress.first_token_at is not None:
                         first_token_counted = True
                         metrics.first_token(reply.preset.name, reply.progress.first_token_at - reply.submitted_at)

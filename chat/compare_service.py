@@ -34,6 +34,8 @@ from chat.sampling import Sampling
 from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest, Writing
 from chat.share_link import encode_link
 
+RERUN_FIRST = "Send a prompt first; then each column can rerun it."
+
 
 class Busy(InputError):
     """This session's comparison is still writing a turn."""
@@ -121,10 +123,10 @@ class CompareService:
         """That turn's prompt (the latest when None) again in one column, with its preset and exact
         settings: events as `send`'s."""
         if comparison is None:
-            raise InputError("Send a prompt first; then each column can rerun it.")
+            raise InputError(RERUN_FIRST)
         with self._turn_of(session):
             if not comparison.turns or not 0 <= column < len(comparison.columns):
-                raise InputError("Send a prompt first; then each column can rerun it.")
+                raise InputError(RERUN_FIRST)
             index = len(comparison.turns) - 1 if turn is None else int(turn)
             entry = comparison.add_rerun(index, column)
             jobs = [self._job(comparison, entry, index, session, time.monotonic())]

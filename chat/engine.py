@@ -177,14 +177,6 @@ class Engine:
         busy = f"{self.load.running} being written" + (f", {self.load.waiting} waiting" if self.load.waiting else "")
         return f"Ready · {busy} · KV cache {self.load.kv_cache_usage:.0%} used"
 
-    async def wait_ready(self) -> None:
-        if self.task is not None:
-            await asyncio.shield(self.task)
-        if self.refusal is not None:
-            raise EngineBusy(self.refusal.message)
-        if self.state is not EngineState.READY:
-            raise EngineError(self.error or f"The engine for {self.preset.name} is not running; try again.")
-
     def num_unfinished(self) -> int:
         """Requests the engine's front end still tracks (0 when nothing leaked)."""
         return 0 if self.llm is None else self.llm.output_processor.get_num_unfinished_requests()

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from chat.errors import EmptyMessage, InputError
+
 Message = dict[str, str]
+MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
 
 
 def is_annotation(message: Mapping[str, Any]) -> bool:
@@ -85,3 +88,15 @@ def _unanswered(items: list[Mapping[str, Any]], index: int) -> bool:
             break
         reply.append(item)
     return bool(reply) and all(is_annotation(item) or not text_of(item.get("content")).strip() for item in reply)
+
+
+def check_text(text: object, what: str, *, new_message: bool = False) -> str:
+    """The text as it will be sent, or InputError saying what to change."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be text.")
+    if new_message and not text.strip():
+        raise EmptyMessage("Type a message first.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        again = "send it again" if new_message else "send your message again"
+        raise InputError(f"{what} is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Shorten it and {again}.")
+    return text

@@ -64,8 +64,10 @@ def ready_line(preset: str, url: str, share_url: str | None = None) -> str:
 
 async def say_when_ready(engine: Engine, url: Callable[[], str | None], share_url: Callable[[], str | None]) -> None:
     """Print the address again once the first engine is ready: its start scrolled the first one away."""
+    from chat.registry import wait_ready  # here: this module is imported first and stays light (prometheus, the engine)
+
     try:
-        await engine.wait_ready()
+        await wait_ready(engine)
     except ChatError:
         return  # why it failed is logged where it failed, and the page says it
     print(ready_line(engine.preset.name, url() or "the address above", share_url()), flush=True)

@@ -26,7 +26,7 @@ from chat.engine import RESTARTING, Engine, EngineState
 from chat.engine_core import EngineSlot
 from chat.errors import EngineBusy, InputError
 from chat.presets import Preset
-from chat.registry import EngineRegistry, EngineView
+from chat.registry import EngineRegistry, EngineView, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +165,9 @@ class LinkedRegistry(EngineRegistry):
             if engine.state is EngineState.STARTING:
                 yield engine.status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(engine.wait_ready(), timeout=every_s)
+                    await asyncio.wait_for(wait_ready(engine), timeout=every_s)
                 continue
-            await engine.wait_ready()
+            await wait_ready(engine)
             return
 
     async def _acquire(self, engine: Engine) -> None:

@@ -24,7 +24,6 @@ from chat.sampling import KNOB_NAMES, SamplingRules
 
 EMBEDDED = "embedded"
 DEFAULT_PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
-# Keys a preset sets elsewhere, so they may not appear under `engine:`.
 MAX_PRESET_BYTES = 64 * 1024
 _HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -114,16 +113,14 @@ class PresetCatalog:
                     reasons[name] = f"{name} needs an NVIDIA GPU; this machine has none."
         return reasons
 
-    def sharing_engine_with(self, name: str) -> PresetCatalog:
-        """Only the presets that run on `name`'s engine; the others become problems that say why
-        (several UI workers share one engine core, `--ui-workers`)."""
-        chosen = self.get(name)
-        problems = dict(self.problems)
-        for other, preset in self.presets.items():
-            if preset.engine_key != chosen.engine_key:
-                problems[other] = (f"{other} needs another engine than {chosen.name}, and this demo runs one "
-                                   "engine for several UI workers; start it with --ui-workers 1 to switch models.")
-        return PresetCatalog({n: p for n, p in self.presets.items() if p.engine_key == chosen.engine_key}, problems)
+    def runnable(self, name: object, default: str, has_gpu: bool) -> Preset:
+        """The preset `name` names (None or "": `default`), if this machine can run it; PresetError says why not."""
+        if name is not None and not isinstance(name, str):
+            raise PresetError(f"A preset is named by text; {str(name)[:100]!r} is not a preset's name.")
+        preset = self.get(name or default)
+        if preset.needs_gpu and not has_gpu:
+            raise PresetError(self.unusable(has_gpu=False)[preset.name])
+        return preset
 
     def get(self, name: str) -> Preset:
         if name in self.presets:

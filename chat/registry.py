@@ -22,7 +22,7 @@ from typing import Any
 
 from chat import metrics
 from chat.engine import RESTARTING, Engine, EngineState
-from chat.errors import ChatError, EngineBusy, first_line
+from chat.errors import ChatError, EngineBusy, EngineError, first_line
 from chat.presets import Preset
 from chat.stats import percentile
 
@@ -64,6 +64,17 @@ def first_token_percentiles(samples: Iterable[tuple[float, str, float]], preset:
     """Median and 95th percentile of `preset`'s recent (monotonic time, preset, seconds) samples."""
     recent = sorted(s for t, name, s in samples if name == preset and now - t <= FIRST_TOKENS_WINDOW_S)
     return percentile(recent, 50), percentile(recent, 95)
+
+
+async def wait_ready(engine: Engine) -> None:
+    """Return once the engine's start or wake (the registry's task) has ended with it ready; raise
+    EngineBusy when it was refused for lack of room, EngineError when it failed or was unloaded."""
+    if engine.task is not None:
+        await asyncio.shield(engine.task)
+    if engine.refusal is not None:
+        raise EngineBusy(engine.refusal.message)
+    if engine.state is not EngineState.READY:
+        raise EngineError(engine.error or f"The engine for {engine.preset.name} is not running; try again.")
 
 
 class EngineRegistry:
@@ -136,10 +147,10 @@ class EngineRegistry:
         while engine.state is EngineState.STARTING:
             yield engine.status()
             try:
-                await asyncio.wait_for(engine.wait_ready(), timeout=every_s)
+                await asyncio.wait_for(wait_ready(engine), timeout=every_s)
             except TimeoutError:
                 continue
-        await engine.wait_ready()
+        await wait_ready(engine)
 
     async def ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str | Engine, None]:
         """`wait_until_ready`'s status lines, then the preset's engine, ready, as the last item: one

@@ -10,9 +10,9 @@ records the metrics and takes Stop; callers only turn events into their own outp
 browser or API client names a file, a model or an engine argument: they pick a preset by name and
 send sampling values, which are checked against that preset's ranges.
 
-    browser / API ─> chat_tab.respond · CompareTab · api.generate
-                       └─> ChatService.reply ─> registry.ready, Reply (chat.stream)
-                                                   └─> Engine.render / Engine.generate ─> vLLM
+    browser / API ─> chat_tab.respond · CompareService.send · api.generate
+                       └─> ChatService.reply ─> registry.ready, then paced_reply (chat.stream)
+                                                                   └─> Engine.render / Engine.generate ─> vLLM
 """
 
 from __future__ import annotations
@@ -26,19 +26,17 @@ from typing import Any
 
 from chat import metrics
 from chat.engine import Engine
-from chat.errors import UNEXPECTED_ERROR, ChatError, EmptyMessage, EngineBusy, InputError, PresetError, Stopped
-from chat.history import to_model_messages
+from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, InputError, Stopped
+from chat.history import check_text, to_model_messages
 from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
 from chat.reply_log import ReplyStore
 from chat.sampling import Sampling
-from chat.stream import Reply, paced
+from chat.stream import Reply, paced_reply
 
 log = logging.getLogger(__name__)
 UNKNOWN_PRESET = "(unknown preset)"
-
-MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyte pastes early
 
 
 @dataclass(frozen=True)
@@ -124,13 +122,8 @@ class ChatService:
     # --- presets ---------------------------------------------------------------------------
 
     def preset(self, name: str | None) -> Preset:
-        """A preset this machine can run, by name; PresetError says why not otherwise."""
-        if name is not None and not isinstance(name, str):
-            raise PresetError(f"A preset is named by text; {str(name)[:100]!r} is not a preset's name.")
-        preset = self.catalog.get(name or self.default_preset)
-        if preset.needs_gpu and not self.has_gpu:
-            raise PresetError(self.catalog.unusable(has_gpu=False)[preset.name])
-        return preset
+        """A preset this machine can run, by name (None: the default); PresetError says why not otherwise."""
+        return self.catalog.runnable(name, self.default_preset, self.has_gpu)
 
     def preset_names(self) -> list[str]:
         """Usable presets, the default first."""
@@ -160,7 +153,6 @@ class ChatService:
         """
         ticket = self._issue(request.stop_key)
         preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
-        reply: Reply | None = None
         try:
             preset = self.preset(request.preset)
             preset_name = preset.name
@@ -182,41 +174,47 @@ class ChatService:
                     yield Waiting(step)
             assert engine is not None
             now = time.monotonic()
-            reply = ticket.reply = Reply(
-                engine, preset, messages, sampling,
+            redraws = paced_reply(
+                engine, preset, messages, sampling, self.pacer.interval,
                 submitted_at=now,
                 # Time spent waiting for the engine to start is reported apart from time to first token.
                 engine_wait_s=max(now - request.submitted_at, 0.0),
                 priority=request.priority,
             )
-            if ticket.stopped:
-                reply.stop()
-            async with contextlib.aclosing(self._stream(reply)) as writing:
+            async with contextlib.aclosing(self._stream(preset, ticket, redraws)) as writing:
                 async for event in writing:
                     yield event
-            yield Finished(reply)
+            assert ticket.reply is not None
+            yield Finished(ticket.reply)
         except Stopped as exc:
             yield Failed(exc)
         except ChatError as exc:
-            if reply is None or not reply.generating:
+            if ticket.reply is None or not ticket.reply.generating:
                 metrics.rejected(preset_name, _reason(exc))
-            yield Failed(exc, reply)
+            yield Failed(exc, ticket.reply)
         except Exception:
             log.exception("Unexpected error while replying")
-            yield Failed(ChatError(UNEXPECTED_ERROR), reply)
+            yield Failed(ChatError(UNEXPECTED_ERROR), ticket.reply)
         finally:
             self._release(request.stop_key, ticket)
-            if reply is not None and reply.stats is not None:
-                metrics.reply_finished(reply.stats)
+            if ticket.reply is not None and ticket.reply.stats is not None:
+                metrics.reply_finished(ticket.reply.stats)
 
-    async def _stream(self, reply: Reply) -> AsyncGenerator[Writing, None]:
-        in_flight = metrics.STREAMS_IN_FLIGHT.labels(reply.preset.name)
+    async def _stream(self, preset: Preset, ticket: _Ticket,
+                      redraws: AsyncGenerator[Reply, None]) -> AsyncGenerator[Writing, None]:
+        """The reply `redraws` makes (kept on the ticket, for Stop and the end) as Writing events, one per redraw."""
+        in_flight = metrics.STREAMS_IN_FLIGHT.labels(preset.name)
         in_flight.inc()
         self.pacer.started()
         first_token_counted = False
         try:
-            async with contextlib.aclosing(paced(reply, self.pacer.interval)) as redraws:  # closing it aborts
-                async for _ in redraws:
+            async with contextlib.aclosing(redraws):  # closing it aborts
+                async for reply in redraws:
+                    if ticket.reply is None:  # the first: made, not started
+                        ticket.reply = reply
+                        if ticket.stopped:
+                            reply.stop()
+                        continue
                     if not first_token_counted and reply.progress.first_token_at is not None:
                         first_token_counted = True
                         metrics.first_token(reply.preset.name, reply.progress.first_token_at - reply.submitted_at)
@@ -248,18 +246,6 @@ class ChatService:
             tickets.discard(ticket)
             if not tickets:
                 del self._tickets[key or ""]
-
-
-def check_text(text: object, what: str, *, new_message: bool = False) -> str:
-    """The text as it will be sent, or InputError saying what to change."""
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be text.")
-    if new_message and not text.strip():
-        raise EmptyMessage("Type a message first.")
-    if len(text) > MAX_MESSAGE_CHARS:
-        again = "send it again" if new_message else "send your message again"
-        raise InputError(f"{what} is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Shorten it and {again}.")
-    return text
 
 
 def _reason(exc: ChatError) -> str:

@@ -7,7 +7,8 @@
 
 `reply.stop()` ends it as "stopped by you" (the engine request is aborted and the final stats are
 still produced); cancelling or closing the stream aborts the engine request too. `paced(reply)`
-drives the stream and says when a reader's view is worth redrawing. Nothing here imports vLLM:
+drives the stream and says when a reader's view is worth redrawing; `paced_reply(...)` makes the
+reply and paces it in one call (the reply pipeline's way in). Nothing here imports vLLM:
 `chat.engine` is the boundary.
 """
 
@@ -18,6 +19,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from chat import metrics
 from chat.engine import Chunk, Engine, EngineTimes
@@ -230,3 +232,17 @@ async def paced(
         if not task.done():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def paced_reply(
+    engine: Engine, preset: Preset, messages: list[Message], sampling: Sampling, interval: Callable[[], float], **options: Any
+) -> AsyncGenerator[Reply, None]:
+    """Make the reply (`Reply(engine, preset, messages, sampling, **options)`) and yield it at once,
+    before anything is asked of the engine (so that it can be stopped, and read whatever happens),
+    then again whenever its reader's view should be redrawn (`paced(reply, interval)`). Errors of
+    the stream are raised here; closing this generator aborts the request."""
+    reply = Reply(engine, preset, messages, sampling, **options)
+    yield reply
+    async with contextlib.aclosing(paced(reply, interval)) as redraws:
+        async for _ in redraws:
+            yield reply

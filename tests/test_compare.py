@@ -3,12 +3,14 @@ then two presets streaming at once through the running app (real engine, over HT
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
 import random
 import threading
 import time
+import types
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -231,6 +233,41 @@ def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_fo
     api.comparisons.writing.add("c")  # a comparison being written is kept however old
     api.board("d")
     assert list(api.boards) == ["c", "d"]
+
+
+class ScriptedReplies:
+    """The seam CompareService writes through (`ChatService`'s catalog, pacer and `reply`), with each
+    reply a script of words at a fixed pace: the fan-out's timing, without an engine."""
+
+    def __init__(self, catalog, every_s: float, words: int) -> None:
+        self.catalog, self.default_preset, self.has_gpu = catalog, CREATIVE, False
+        self.pacer = types.SimpleNamespace(interval=lambda: 0.2)
+        self.every_s, self.words = every_s, words
+
+    async def reply(self, request):
+        from chat.service import Finished, Writing
+
+        reply = types.SimpleNamespace(text="", stats=None, notice=None,
+                                      progress=types.SimpleNamespace(line=lambda now: "Writing…"))
+        for _ in range(self.words):
+            await asyncio.sleep(self.every_s)
+            reply.text += "word "
+            yield Writing(reply, "Writing…")
+        yield Finished(reply)
+
+
+async def test_a_turn_hands_on_each_column_s_text_at_once_and_coalesces_the_redraws(catalog):
+    from chat.compare_service import Begun, CompareService, Ended, Redraw, Wrote
+
+    compare = CompareService(ScriptedReplies(catalog, every_s=0.02, words=20))
+    events = [event async for event in compare.send(None, [CREATIVE, DETERMINISTIC], False, "Hi", [{}, {}], "s")]
+    assert isinstance(events[0], Begun) and len(events[0].jobs) == 2 and isinstance(events[-1], Ended)
+    wrote = [event for event in events if isinstance(event, Wrote)]
+    redraws = [event for event in events if isinstance(event, Redraw)]
+    assert len(wrote) == 40  # every piece of every column, for a page's live text
+    assert 2 <= len(redraws) < len(wrote) / 2  # one redraw per 0.2 s for both columns, not one per piece
+    assert [entry.text for entry in events[0].comparison.turns[0].replies] == ["word " * 20] * 2
+    assert not compare.writing  # the session's turn is free again
 
 
 # --- through the running app ------------------------------------------------------------------

@@ -17,10 +17,10 @@ from chat.errors import ChatError
 from chat.history import text_of
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
-from chat.service import ChatService, ReplyRequest, Writing
+from chat.service import ChatService, ReplyRequest
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
 from chat.ui.gradio_internals import ChatParts, chat_parts
-from chat.ui.live import LiveText, is_browser
+from chat.ui.live import live_reply
 from chat.ui.messages import conversation_file, event_messages
 from chat.ui.preset_card import preset_card
 
@@ -165,18 +165,9 @@ def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMes
             message, history, preset=preset_name, system_prompt=system_prompt,
             sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
         )
-        live = LiveText(service.logs) if is_browser(request) else None
-        try:
-            async with contextlib.aclosing(service.reply(ask)) as events:
-                async for event in events:
-                    if live is not None and isinstance(event, Writing):
-                        live.write(event.reply.text, event.line)
-                        if not live.redraw_due():
-                            continue
-                    yield event_messages(event, live.log.id if live is not None else None)
-        finally:
-            if live is not None:
-                live.end()
+        async with contextlib.aclosing(live_reply(service.reply(ask), service.logs, request)) as events:
+            async for event, live_id in events:
+                yield event_messages(event, live_id)
 
     name_knob_parameters(respond)
     return respond

@@ -17,9 +17,8 @@ import gradio as gr
 
 from chat import ballot
 from chat.compare import Comparison
-from chat.compare_service import Busy, CompareService
+from chat.compare_service import Begun, Busy, CompareService, Ended, Job, Redraw
 from chat.errors import ChatError
-from chat.fanout import Job
 from chat.ui.compare_tab import Board
 from chat.ui.compare_view import column_messages
 from chat.ui.messages import PROBLEM
@@ -82,15 +81,18 @@ class CompareApi:
         if hidden and sampling and any(s != sampling[0] for s in sampling[1:]):
             yield view(board.comparison, status=BLIND_SHARED)
             return
+        jobs: list[Job] = []
         try:
-            with self.comparisons.turn_of(session):
-                board.comparison, jobs = self.comparisons.begin(board.comparison, list(picked or []), bool(blind), prompt,
-                                                                sampling or [], session)
-                yield view(board.comparison, jobs)
-                async with contextlib.aclosing(self.comparisons.write(jobs)) as redraws:
-                    async for _ in redraws:
+            async with contextlib.aclosing(self.comparisons.send(board.comparison, list(picked or []), bool(blind), prompt,
+                                                                 sampling or [], session)) as events:
+                async for event in events:
+                    if isinstance(event, Begun):
+                        board.comparison, jobs = event.comparison, event.jobs
                         yield view(board.comparison, jobs)
-                yield view(board.comparison)
+                    elif isinstance(event, Redraw):
+                        yield view(board.comparison, jobs)
+                    elif isinstance(event, Ended):
+                        yield view(board.comparison)
         except Busy:
             yield view(board.comparison, status=BUSY)
         except ChatError as exc:

@@ -10,8 +10,9 @@ This module lays out the tab and wires its events. It is made when first opened 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,14 @@ import gradio as gr
 from chat import ballot
 from chat.compare import LABELS, MAX_COLUMNS, Comparison
 from chat.compare_report import write_exports
-from chat.compare_service import Busy, CompareService, sampling_of
+from chat.compare_service import Begun, Busy, CompareEvent, CompareService, Job, Redraw
 from chat.errors import ChatError, InputError
-from chat.fanout import Job
 from chat.sampling import KNOB_NAMES, Knob
 from chat.share_link import decode_link, encode_link
 from chat.ui.compare_view import column_messages, summary_frames
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
-from chat.ui.live import REDRAW_S, LiveText, is_browser
+from chat.ui.live import live_columns
 from chat.ui.messages import PROBLEM
 from chat.ui.tables import Table
 from chat.voters import Voter
@@ -229,78 +229,63 @@ class CompareTab:
     def blind_changed(self, picked: list[str], blind: bool) -> dict[Any, Any]:
         return {**self.headings_of(None, picked, blind), **self.slots_shown(picked[:MAX_COLUMNS], blind)}
 
-    def link_of(self, picked: Sequence[str], blind: bool, prompt: str, knob_values: Sequence[Any]) -> str:
-        presets = [self.service.preset(name) for name in picked]
-        return encode_link(presets, [sampling_of(p, picked, slot_settings(knob_values)) for p in presets], prompt, blind)
-
     # --- events ------------------------------------------------------------------------------
 
-    async def drive(self, board: Board, jobs: list[Job], request: gr.Request,
-                    first: dict[Any, Any]) -> AsyncIterator[dict[Any, Any]]:
-        """Yield `first`, stream the jobs into their columns, finish with the summary, votes and exports.
-        A page gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second.
-        The caller holds the session's turn (CompareService.turn_of)."""
-        assert board.comparison is not None
-        browser, blind = is_browser(request), board.comparison.hides_stats
-        lives = {id(each): LiveText(self.service.logs) for each in jobs} if browser else {}
-        live_ids = {job: live.log.id for job, live in lives.items()}
-        for each in jobs if browser else ():
-            live = lives[id(each)]
-            # Blind, the line beneath each column is "Writing…" until the vote: its figures would
-            # tell the columns apart, so they do not travel with the text either.
-            each.on_writing = (lambda event, live=live: live.write(event.reply.text)) if blind else \
-                (lambda event, live=live: live.write(event.reply.text, event.line))
-        try:
-            yield first
-            async with contextlib.aclosing(self.comparisons.write(jobs, REDRAW_S if browser else 0.0)) as redraws:
-                async for _ in redraws:
+    async def drive(self, board: Board, send: Callable[[float], AsyncGenerator[CompareEvent, None]], request: gr.Request,
+                    first: Callable[[Begun], dict[Any, Any]]) -> AsyncGenerator[dict[Any, Any], None]:
+        """Write a turn (`send(every_s)`: the service's send or rerun): `first` once it is in the
+        record, then the columns as they are written, then the summary, votes and exports. A page
+        gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second."""
+        jobs: list[Job] = []
+        async with contextlib.aclosing(live_columns(send, self.service.logs, request)) as events:
+            async for event, live_ids in events:
+                if isinstance(event, Begun):
+                    board.comparison, jobs = event.comparison, event.jobs
+                    yield first(event)
+                elif isinstance(event, Redraw):
                     yield self.chats(board.comparison, jobs, live_ids)
-            yield {**self.chats(board.comparison), **self.after_turn(board)}
-        finally:
-            for live in lives.values():
-                live.end()
+                else:
+                    yield {**self.chats(board.comparison), **self.after_turn(board)}
 
     async def compare(self, request: gr.Request, board: Board, picked: list[str], blind: bool, prompt: str,
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
         """Send the prompt to every column (starting the comparison on the first one)."""
-        session = request.session_hash or ""
+        send = functools.partial(self.comparisons.send, board.comparison, picked, blind, prompt, slot_settings(knob_values),
+                                 request.session_hash or "", link=True)
+
+        def first(begun: Begun) -> dict[Any, Any]:
+            return {self.board: board, self.prompt: "", self.status: "", self.link_query: begun.link,
+                    self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
+                    **self.headings_of(begun.comparison, picked, blind), **self.chats(begun.comparison, begun.jobs),
+                    **{button: gr.Button(interactive=False) for button in self.votes}}
+
+        async for update in self.shown(self.drive(board, send, request, first)):
+            yield update
+
+    def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
+        async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
+            """That turn's prompt again, in this column, with its preset and exact settings."""
+            send = functools.partial(self.comparisons.rerun, board.comparison, turn, column, request.session_hash or "")
+
+            def first(begun: Begun) -> dict[Any, Any]:
+                return {self.status: "", **self.chats(begun.comparison, begun.jobs),
+                        **{b: gr.Button(interactive=False) for b in self.votes}}
+
+            async for update in self.shown(self.drive(board, send, request, first)):
+                yield update
+
+        return rerun
+
+    async def shown(self, updates: AsyncGenerator[dict[Any, Any], None]) -> AsyncIterator[dict[Any, Any]]:
+        """The updates, or the sentence that says why the turn was refused or failed."""
         try:
-            with self.comparisons.turn_of(session):
-                started = board.comparison
-                first_prompt = started.turns[0].prompt if started and started.turns else prompt
-                query = self.link_of(picked, started.blind if started else blind, first_prompt, knob_values)
-                board.comparison, jobs = self.comparisons.begin(board.comparison, picked, blind, prompt,
-                                                                slot_settings(knob_values), session)
-                first = {self.board: board, self.prompt: "", self.status: "", self.link_query: query,
-                         self.picked: gr.CheckboxGroup(interactive=False), self.blind: gr.Checkbox(interactive=False),
-                         **self.headings_of(board.comparison, picked, blind), **self.chats(board.comparison, jobs),
-                         **{button: gr.Button(interactive=False) for button in self.votes}}
-                async for update in self.drive(board, jobs, request, first):
+            async with contextlib.aclosing(updates):  # closing this cancels the replies
+                async for update in updates:
                     yield update
         except Busy:
             yield {self.status: BUSY}
         except ChatError as exc:
             yield {self.status: f"{PROBLEM} {exc.message}"}
-
-    def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
-        async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
-            """That turn's prompt again, in this column, with its preset and exact settings."""
-            comparison, session = board.comparison, request.session_hash or ""
-            try:
-                if comparison is None:
-                    raise InputError("Send a prompt first; then each column can rerun it.")
-                with self.comparisons.turn_of(session):
-                    rerun_job = self.comparisons.rerun(comparison, turn, column, session)
-                    first = {self.status: "", **self.chats(comparison, [rerun_job]),
-                             **{b: gr.Button(interactive=False) for b in self.votes}}
-                    async for update in self.drive(board, [rerun_job], request, first):
-                        yield update
-            except Busy:
-                yield {self.status: BUSY}
-            except ChatError as exc:
-                yield {self.status: f"{PROBLEM} {exc.message}"}
-
-        return rerun
 
     def vote_for(self, index: int) -> Callable[[Board, gr.Request], Any]:
         async def vote_button(board: Board, request: gr.Request) -> dict[Any, Any]:
@@ -338,7 +323,8 @@ class CompareTab:
     def share_link(self, picked: list[str], blind: bool, prompt: str, board: Board, *knob_values: Any) -> dict[Any, Any]:
         turns = board.comparison.turns if board.comparison else []
         try:
-            return {self.link_query: self.link_of(picked, blind, prompt or (turns[0].prompt if turns else ""), knob_values),
+            return {self.link_query: self.comparisons.link(picked, blind, prompt or (turns[0].prompt if turns else ""),
+                                                           slot_settings(knob_values)),
                     self.status: ""}
         except ChatError as exc:
             return {self.status: f"{PROBLEM} {exc.message}"}

@@ -10,7 +10,7 @@ import pandas as pd
 
 from chat.compare import HIDDEN_STATS, ComparedReply, Comparison
 from chat.compare_report import summarize
-from chat.fanout import Job
+from chat.compare_service import Job
 from chat.service import Waiting, Writing
 from chat.ui.messages import PROBLEM, STATS, STOPPED, WAITING, annotation, event_messages, shown_text, stats_annotation
 

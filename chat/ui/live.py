@@ -18,12 +18,17 @@ redraws would show it once a second.
 
 Programs calling the Gradio API (`gradio_client` says so in a header) cannot run the script, so
 they get every redraw's text through Gradio, without a box.
+
+The tabs hand their events over whole: `live_reply` takes a Chat reply's, `live_columns` a
+comparison's turn, and each gives back only what Gradio should draw, with the logs' ids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import gradio as gr
@@ -31,7 +36,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from chat.compare_service import Begun, CompareEvent, Ended, Redraw, Wrote
 from chat.reply_log import ReplyLog, ReplyStore
+from chat.service import ReplyEvent, Writing
 
 _HERE = Path(__file__).parent
 # marked, the Markdown parser Gradio's chat uses, run where no AMD loader or CommonJS module can
@@ -97,3 +104,48 @@ class LiveText:
         if self.log.running:
             self.log.add("done")
             self.log.end()
+
+
+async def live_reply(events: AsyncGenerator[ReplyEvent, None], store: ReplyStore,
+                     request: gr.Request | None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
+    """The Chat tab's reply (`ChatService.reply`'s events) as Gradio should draw it, each with the id
+    of the log a page follows (None for the API, which gets every event): for a page, every piece of
+    text goes into the log and only the redraws that are due come through. Closing it closes `events`."""
+    live = LiveText(store) if is_browser(request) else None
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if live is not None and isinstance(event, Writing):
+                    live.write(event.reply.text, event.line)
+                    if not live.redraw_due():
+                        continue
+                yield event, live.log.id if live is not None else None
+    finally:
+        if live is not None:
+            live.end()
+
+
+async def live_columns(send: Callable[[float], AsyncGenerator[CompareEvent, None]], store: ReplyStore,
+                       request: gr.Request | None) -> AsyncGenerator[tuple[Begun | Redraw | Ended, dict[int, str]], None]:
+    """A comparison's turn (`send(every_s)`: `CompareService.send` or `rerun`, asked to redraw a page
+    at most every REDRAW_S) as Gradio should draw it, each event with the ids of the logs a page
+    follows, by job (none for the API): for a page, each column's text goes into a log of its own.
+    Blind, the line beneath a column is not sent: its figures would tell the columns apart."""
+    browser = is_browser(request)
+    lives: dict[int, LiveText] = {}
+    events = send(REDRAW_S if browser else 0.0)
+    try:
+        async with contextlib.aclosing(events):
+            blind = False
+            async for event in events:
+                if isinstance(event, Wrote):
+                    if (live := lives.get(id(event.job))) is not None:
+                        live.write(event.writing.reply.text, None if blind else event.writing.line)
+                    continue
+                if isinstance(event, Begun):
+                    blind = event.comparison.hides_stats
+                    lives = {id(job): LiveText(store) for job in event.jobs} if browser else {}
+                yield event, {job: live.log.id for job, live in lives.items()}
+    finally:
+        for live in lives.values():
+            live.end()

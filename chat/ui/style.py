@@ -73,13 +73,11 @@ HEAD = """<style>
       if (el.parentElement.textContent.includes(el.alt)) el.alt = "";
     }
   };
-  // Once a frame at most: Gradio builds the page in hundreds of small changes.
-  let queued = false;
-  new MutationObserver(() => {
-    if (queued) return;
-    queued = true;
-    requestAnimationFrame(() => { queued = false; mend(); });
-  }).observe(document.documentElement, { childList: true, subtree: true });
+  // In the observer's own callback, which runs before the browser draws or does anything else: a
+  // mend left for the next frame let an assistive tool that read the page in between meet the
+  // unmended markup (axe did, once, on a reply's first stats line). The callback comes once per
+  // batch of Gradio's changes, not once per change, and a mend is a few selector queries.
+  new MutationObserver(mend).observe(document.documentElement, { childList: true, subtree: true });
   // Tab away from a dropdown (the Preset list) closes its list: Gradio's dropdown opens its list on
   // any key but Escape a moment after the key, so Tab (and the Shift of Shift+Tab) reopened it after
   // the focus had moved on, and it stayed open over the page. Keys that do not type are kept from

@@ -139,6 +139,7 @@ class Engine:
     core: SharedCore | None = None  # the core this process started for other processes to join
     generation: int = 0  # which start of the shared core the client is on (chat/owner.py counts them)
     held: asyncio.Event | None = None  # set while the owner makes room with this engine: new requests wait
+    replies: int = 0  # replies that picked this engine and have not ended (chat/service.py counts them)
     _streams: dict[str, Callable[[str], None]] = field(default_factory=dict)  # request id -> end it, with a reason
     task: asyncio.Task[None] | None = None  # starting or waking it (the registry runs it)
 
@@ -159,6 +160,12 @@ class Engine:
     def streams(self) -> int:
         """Requests streaming from this engine now."""
         return len(self._streams)
+
+    @property
+    def in_use(self) -> bool:
+        """Whether a reply is on it: streaming, or picked it and still preparing its prompt (no
+        stream yet). Only an engine not in use may be put to sleep or unloaded to make room."""
+        return bool(self._streams) or self.replies > 0
 
     def is_streaming(self, request_id: str) -> bool:
         return request_id in self._streams

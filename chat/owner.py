@@ -126,7 +126,7 @@ class EngineOwner(EngineRegistry):
         engine.build(make_room, shared_slots=self.slots, sockets=self.folder)
 
     async def _may_take(self, engine: Engine) -> bool:
-        if engine.streams:
+        if engine.in_use:
             return False
         peers = list(self.peers.values())
         answers = await asyncio.gather(*(p.ask({"op": "drain", "key": engine.key}) for p in peers),

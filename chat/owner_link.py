@@ -31,7 +31,6 @@ from chat.registry import EngineRegistry, EngineView, wait_ready
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 0.5
-RECENTLY_USED_S = 2.0  # an engine used this recently is not idle: a request may be on its way to it
 LOST = "The demo is restarting part of itself; try again in a moment."
 FINAL = {"slot", "ready", "failed", "busy", "answer"}
 
@@ -241,14 +240,10 @@ class LinkedRegistry(EngineRegistry):
 
     async def _drain(self, message: dict[str, Any]) -> None:
         """Whether an engine is idle here; if it is, hold new requests for it until the owner says
-        what became of it. A request may be between picking the engine and sending to it for a
-        moment after its last use, so an engine used just now is asked again once that has passed."""
+        what became of it. A reply counts from the moment it picks the engine (`Engine.in_use`), so
+        no request is between the pick and its stream when the answer is "idle"."""
         engine = self._engines.get(str(message.get("key", "")))
-        if engine is not None and not engine.streams:
-            # (a little longer: the event loop may wake a timer up to its clock's resolution early)
-            await asyncio.sleep(max(RECENTLY_USED_S - (time.monotonic() - engine.last_used), 0.0) + 0.05)
-        idle = engine is None or (engine.state is not EngineState.STARTING and not engine.streams
-                                  and time.monotonic() - engine.last_used >= RECENTLY_USED_S)
+        idle = engine is None or (engine.state is not EngineState.STARTING and not engine.in_use)
         if idle and engine is not None and engine.held is None:
             engine.held = asyncio.Event()
         await self.link.send({"op": "answer", "id": message["id"], "idle": idle})

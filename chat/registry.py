@@ -315,7 +315,7 @@ class EngineRegistry:
 
     async def _may_take(self, engine: Engine) -> bool:
         """Whether an engine may be put to sleep or unloaded now to make room: nobody is using it."""
-        return not engine.streams
+        return not engine.in_use
 
     def _taken(self, engine: Engine) -> None:
         """An engine `_may_take` allowed is asleep or unloaded now (or the attempt failed)."""

@@ -152,6 +152,7 @@ class ChatService:
         traceback and end as Failed with a generic sentence. Closing the iterator aborts the reply.
         """
         ticket = self._issue(request.stop_key)
+        engine: Engine | None = None
         preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
         try:
             preset = self.preset(request.preset)
@@ -165,12 +166,14 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
-            engine: Engine | None = None
             async for step in self.registry.ready(preset):  # status lines, then the ready engine
-                ticket.check()
                 if isinstance(step, Engine):
+                    # In use from this moment (no await in between): preparing the prompt comes
+                    # before the stream, and the engine must not be put to sleep under it.
                     engine = step
-                else:
+                    engine.replies += 1
+                ticket.check()
+                if not isinstance(step, Engine):
                     yield Waiting(step)
             assert engine is not None
             now = time.monotonic()
@@ -196,6 +199,8 @@ class ChatService:
             log.exception("Unexpected error while replying")
             yield Failed(ChatError(UNEXPECTED_ERROR), ticket.reply)
         finally:
+            if engine is not None:
+                engine.replies -= 1
             self._release(request.stop_key, ticket)
             if ticket.reply is not None and ticket.reply.stats is not None:
                 metrics.reply_finished(ticket.reply.stats)

@@ -121,6 +121,34 @@ async def test_closing_the_events_like_a_closed_tab_aborts_the_reply(service, en
     assert await engine_idle(engine)
 
 
+async def test_an_engine_a_reply_has_picked_is_in_use_before_its_stream_starts(service, registry, engine, monkeypatch):
+    """The owner of shared engines asks each worker whether an engine is idle before putting it to
+    sleep: a reply that has picked it but is still rendering its prompt (no stream yet) must count."""
+    rendering, go_on = asyncio.Event(), asyncio.Event()
+    render = type(engine).render
+
+    async def slow_render(self, messages):
+        rendering.set()
+        await go_on.wait()
+        return await render(self, messages)
+
+    monkeypatch.setattr(type(engine), "render", slow_render)
+    replying = asyncio.create_task(events_of(service, ask()))
+    await asyncio.wait_for(rendering.wait(), timeout=60)
+    assert engine.streams == 0 and engine.in_use
+    assert not await registry._may_take(engine)
+    go_on.set()
+    assert isinstance((await replying)[-1], Finished)
+    assert not engine.in_use and await registry._may_take(engine)
+
+    async def broken_render(self, messages):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(type(engine), "render", broken_render)
+    assert isinstance((await events_of(service, ask()))[-1], Failed)  # a reply that fails lets go of it too
+    assert not engine.in_use
+
+
 async def test_the_system_prompt_policy_is_the_presets_unless_one_is_given(service, engine, default_preset):
     async def first_message(**fields):
         events = await events_of(service, ask(**fields))

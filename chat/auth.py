@@ -18,6 +18,7 @@ import json
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +88,20 @@ class LoginLimit:
         await self.app(scope, receive, counted)
 
 
+def _no_page_login(connection: HTTPConnection) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Login:
     accounts: tuple[tuple[str, str], ...]
+    # Whether a request carries the cookie of a sign-in on the UI's login page. The UI says (the
+    # cookie's names are its web framework's, chat/ui/gradio_internals.py); this layer does not look up.
+    signed_in_on_page: Callable[[HTTPConnection], bool] = _no_page_login
 
     @classmethod
-    def parse(cls, spec: str | None) -> Login | None:
+    def parse(cls, spec: str | None,
+              signed_in_on_page: Callable[[HTTPConnection], bool] = _no_page_login) -> Login | None:
         """'user:password[,user2:password2]' -> Login; empty -> None (no login)."""
         if not spec:
             return None
@@ -102,7 +111,7 @@ class Login:
             if not sep or not user or not password:
                 raise ValueError("--auth takes user:password pairs separated by commas, e.g. demo:s3cret.")
             accounts.append((user, password))
-        return cls(tuple(accounts))
+        return cls(tuple(accounts), signed_in_on_page)
 
     def check(self, user: str, password: str) -> bool:
         return any(
@@ -125,6 +134,4 @@ class Login:
                 return True
             FAILED.failed(address)
             return False
-        from chat.ui.gradio_internals import login_token  # Gradio's cookie names live there
-
-        return login_token(connection) is not None
+        return self.signed_in_on_page(connection)

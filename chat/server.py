@@ -149,11 +149,11 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.registry import EngineRegistry
     from chat.service import ChatService
     from chat.ui import build_ui
-    from chat.ui.gradio_internals import UntestedGradio
+    from chat.ui.gradio_internals import UntestedGradio, login_token
     from chat.votes import VoteStore
 
     try:
-        login = Login.parse(args.auth)
+        login = Login.parse(args.auth, signed_in_on_page=lambda connection: login_token(connection) is not None)
         admins = Admins.parse(args.admins, local=args.admin_local, login=login)
     except ValueError as exc:
         raise Refused(str(exc)) from exc

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import time
+import urllib.parse
 import urllib.request
 
 import psutil
@@ -109,6 +110,12 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     assert http_status(url + "metrics", ("demo", "wrong")) == 401
     assert http_status(url + "healthz") == 200  # open for load balancers: states and counts only
     assert http_status(url + "status") == 401 and http_status(url + "status", AUTH) == 200  # the engine line
+    # Signed in on the login page, as a browser is: its cookie opens the app's own routes too.
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    form = urllib.parse.urlencode({"username": AUTH[0], "password": AUTH[1]}).encode()
+    browser.open(urllib.request.Request(url + "login", data=form), timeout=10).close()
+    with browser.open(url + "metrics", timeout=10) as response:
+        assert response.status == 200 and b"chat_" in response.read()
     with urllib.request.urlopen(url, timeout=10) as page:  # a login form: no title of the chat behind it
         assert b'id="page-shell"' not in page.read()
     with pytest.raises(Exception, match="(?i)log ?in|auth|401|403"):

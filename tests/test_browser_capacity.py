@@ -1,7 +1,7 @@
 """Administrators in a real browser: the Capacity tab runs a short test on the embedded model, with
 progress, a table, a chart and exports, while every other page says a test is running; a signed-in
 user who is not an administrator sees neither Capacity nor Reset, and the server refuses both when
-asked directly. One app for the module, with a login (`--auth`) and one administrator (`--admins`)."""
+asked directly. On conftest's app behind a login (`--auth`), with one administrator (`--admins`)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,17 @@ import pytest
 from gradio_client import Client
 
 from chat.admin import NOT_ADMIN
-from tests.conftest import OUTPUT, start_app, stop_app
+from tests.conftest import ADMIN, GUEST, OUTPUT
 from tests.test_browser_compare import set_number
 
 pytestmark = pytest.mark.browser
 
-ADMIN, GUEST = ("admin", "a-secret"), ("guest", "g-secret")
 PRESET = "SmolLM2 135M (CPU)"
 
 
-@pytest.fixture(scope="module")
-def admin_app(tmp_path_factory):
-    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
-    app = start_app("admin", "--auth", "admin:a-secret,guest:g-secret", "--admins", "admin", "--votes-db", str(votes))
-    yield app
-    stop_app(app)
+@pytest.fixture
+def admin_app(protected_app):
+    return protected_app  # conftest's app behind a login, with `admin` its administrator
 
 
 @pytest.fixture

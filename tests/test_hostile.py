@@ -24,7 +24,7 @@ import websockets
 
 from chat.client import websocket_url
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, RunningApp, start_app, stop_app
+from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, stop_app
 
 pytestmark = pytest.mark.app
 
@@ -480,23 +480,14 @@ async def test_the_websocket_api_answers_every_broken_message_with_a_code_and_a_
     assert event["type"] == "done", event
 
 
-AUTH = ("demo", "s3cret")
-
-
-@pytest.fixture(scope="module")
-def protected() -> Iterator[RunningApp]:
-    """An app with a login (`--auth`): the only one with Gradio's /login."""
-    app = start_app("hostile-protected", "--auth", ":".join(AUTH))
-    yield app
-    stop_app(app)
-
-
-async def test_the_login_refuses_hostile_sign_ins_plainly(protected):
-    """Last in the module: its failed sign-ins lock this machine's address out of this app."""
+async def test_the_login_refuses_hostile_sign_ins_plainly(protected_app):
+    """On conftest's app behind a login, from an address of its own (127.0.0.2, on the loopback
+    network): its failed sign-ins lock that address out for 5 minutes, and no one else."""
     import base64
 
     from chat.auth import TOO_MANY
 
+    protected = protected_app
     start = protected.log_path.stat().st_size
     form = {"Content-Type": "application/x-www-form-urlencoded"}
 
@@ -523,7 +514,8 @@ async def test_the_login_refuses_hostile_sign_ins_plainly(protected):
         ("another scheme", {"Authorization": "Bearer s3cret"}),
         ("an empty Basic", {"Authorization": "Basic"}),
     ]
-    async with httpx.AsyncClient(timeout=60) as http:
+    stranger = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with httpx.AsyncClient(transport=stranger, timeout=60) as http:
         answers = []
         for label, body, head in logins:  # in turn: each failure counts toward the lock-out
             response = await http.post(protected.url + "login", content=body, headers=head)
@@ -532,7 +524,7 @@ async def test_the_login_refuses_hostile_sign_ins_plainly(protected):
             for path in ("metrics", "status?preset=x", "healthz", "config"):
                 response = await http.get(protected.url + path, headers=head)
                 answers.append(Answer(f"{path} with {label}", response.status_code, response.text))
-        right = await http.post(protected.url + "login", content=f"username={AUTH[0]}&password={AUTH[1]}".encode(), headers=form)
+        right = await http.post(protected.url + "login", content=f"username={USER[0]}&password={USER[1]}".encode(), headers=form)
         health = await http.get(protected.url + "healthz")
     assert not problems(answers), "\n".join(problems(answers))
     assert right.status_code == 429 and right.json()["detail"] == TOO_MANY, right.text  # locked out, plainly

@@ -14,7 +14,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
-from tests.conftest import get_json, start_app, stop_app
+from tests.conftest import USER, get_json
 from tests.test_stream import engine_idle, reply_to
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -75,15 +75,7 @@ def engine_core_of(process: psutil.Popen | int) -> psutil.Process:
     raise AssertionError("no EngineCore process under the app")
 
 
-AUTH = ("demo", "s3cret")
-
-
-@pytest.fixture(scope="module")
-def protected_app():
-    """An app with a login; its engine is also the one the fault test kills."""
-    app = start_app("protected", "--auth", ":".join(AUTH))
-    yield app
-    stop_app(app)
+AUTH = USER  # conftest's `protected_app`, whose engine the fault test here also kills
 
 
 def http_status(url: str, auth: tuple[str, str] | None = None) -> int:
@@ -172,23 +164,19 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
 
 @pytest.mark.app
 def test_failed_sign_ins_from_one_address_are_refused_for_a_while(protected_app):
-    """Last in the module: it leaves this machine's address locked out of the app for 5 minutes."""
-    import urllib.error
-    import urllib.parse
+    """From an address of its own (127.0.0.3, on the loopback network): it stays locked out of the
+    shared app for 5 minutes, and no other test's sign-ins count toward it."""
+    import httpx
 
     from chat.auth import MAX_FAILURES, TOO_MANY
 
-    def sign_in(password: str) -> tuple[int, bytes]:
-        form = urllib.parse.urlencode({"username": AUTH[0], "password": password}).encode()
-        try:
-            with urllib.request.urlopen(urllib.request.Request(protected_app.url + "login", data=form), timeout=10) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=10) as there:
+        def sign_in(password: str) -> httpx.Response:
+            return there.post(protected_app.url + "login", data={"username": AUTH[0], "password": password})
 
-    refused = [sign_in(f"guess {i}")[0] for i in range(MAX_FAILURES + 1)]
-    wrong = refused.index(429)  # (an earlier test here sent wrong Basic credentials once)
-    assert MAX_FAILURES - 1 <= wrong <= MAX_FAILURES and set(refused[:wrong]) == {400}, refused
-    status, body = sign_in(AUTH[1])  # the right password, from an address that guessed too often
-    assert status == 429 and json.loads(body)["detail"] == TOO_MANY
-    assert http_status(protected_app.url + "metrics", AUTH) == 401
+        refused = [sign_in(f"guess {i}").status_code for i in range(MAX_FAILURES + 1)]
+        assert refused == [400] * MAX_FAILURES + [429], refused
+        right = sign_in(AUTH[1])  # the right password, from an address that guessed too often
+        assert right.status_code == 429 and right.json()["detail"] == TOO_MANY
+        assert there.get(protected_app.url + "metrics", auth=AUTH).status_code == 401
+    assert http_status(protected_app.url + "metrics", AUTH) == 200, "this machine's own address is not locked out"

@@ -411,11 +411,12 @@ def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(worker
     before = board.predict(True, api_name="/leaderboard")["votes_stored"]
     settings = {"max_tokens": 2, "temperature": 0.0}
     attackers = 6  # at once, as an attacker would (and the limit is counted where votes are stored)
+    tries = VOTES_PER_ADDRESS + 36  # past the address's hour whatever this address cast before
 
     def replay(first: int) -> list[dict]:
         client = Client(url, verbose=False)
         outcomes = []
-        for i in range(first, 180, attackers):
+        for i in range(first, tries, attackers):
             client.cookies[VOTER_COOKIE] = fresh_voter_cookie(url)
             client.reset_session()
             client.predict([B, C], True, f"Say the number {i}.", [settings, settings], api_name="/compare")
@@ -426,7 +427,7 @@ def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(worker
         outcomes = [o for some in pool.map(replay, range(attackers)) for o in some]
     accepted = [o for o in outcomes if o["ok"]]
     after = board.predict(True, api_name="/leaderboard")
-    assert len(outcomes) == 180 and after["votes_stored"] - before == len(accepted) <= VOTES_PER_ADDRESS
+    assert len(outcomes) == tries and after["votes_stored"] - before == len(accepted) <= VOTES_PER_ADDRESS
     assert {o["error"] for o in outcomes if not o["ok"]} == {TOO_MANY_FROM_ADDRESS}
     assert after["voters"] >= len(accepted), "each dropped cookie was a new voter, and the board counts them"
 
@@ -449,6 +450,8 @@ def test_a_killed_worker_is_replaced_on_a_port_no_one_else_can_take_and_no_reque
                     statuses.append(response.status)
             except urllib.error.HTTPError as exc:
                 statuses.append(exc.code)
+            # A reader's pace, not a flood: the replacement worker starts on these two cores too.
+            stop.wait(0.05)
 
     asker = threading.Thread(target=keep_asking)
     asker.start()

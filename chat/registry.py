@@ -277,10 +277,14 @@ class EngineRegistry:
         self._changed(engine)
 
     async def close_all(self) -> None:
-        for engine in list(self._engines.values()):
-            if engine.task is not None and not engine.task.done():
-                continue  # still in its worker thread; the process exit ends its child processes
-            await self.unload(engine, "The demo is shutting down.")
+        """Unload every engine, all at once: each waits seconds for its processes to end."""
+        # One still starting is in its worker thread; the process exit ends its child processes.
+        closing = [e for e in self._engines.values() if e.task is None or e.task.done()]
+        outcomes = await asyncio.gather(*(self.unload(engine, "The demo is shutting down.") for engine in closing),
+                                        return_exceptions=True)  # one that fails does not keep the others
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def loaded(self) -> list[Engine]:
         return [e for e in self._engines.values() if e.state is EngineState.READY]

@@ -84,6 +84,7 @@ class EngineRegistry:
         self._engines: dict[str, Engine] = {}
         self.memory_budget = memory_budget  # None: no limit
         self.max_waiting = max_waiting
+        self.closing = False  # the app is shutting down: an engine start that fails now was stopped
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(list(self._engines.values()))
@@ -207,6 +208,10 @@ class EngineRegistry:
         except ChatError as exc:
             self._mark_failed(engine, exc.message)
         except Exception as exc:  # vLLM raises many kinds at start; the message is kept for the log
+            if self.closing:  # its processes were ended under it (chat/server.py's Shutdown)
+                engine.state = EngineState.CLOSED
+                log.info("The engine for %r was stopped while it started", engine.preset.name)
+                return
             log.exception("The engine for preset %r failed to start", engine.preset.name)
             self._mark_failed(engine, f"The engine for {engine.preset.name} could not start ({first_line(exc)[:300]}).")
         else:
@@ -278,6 +283,7 @@ class EngineRegistry:
 
     async def close_all(self) -> None:
         """Unload every engine, all at once: each waits seconds for its processes to end."""
+        self.closing = True
         # One still starting is in its worker thread; the process exit ends its child processes.
         closing = [e for e in self._engines.values() if e.task is None or e.task.done()]
         outcomes = await asyncio.gather(*(self.unload(engine, "The demo is shutting down.") for engine in closing),

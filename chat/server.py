@@ -85,7 +85,38 @@ class Shutdown:
             closing = asyncio.run_coroutine_threadsafe(self.registry.close_all(), self.loop)
             with contextlib.suppress(Exception):
                 closing.result(timeout=CLOSE_WAIT_S)
+        end_starting_engines(self.registry)
         raise KeyboardInterrupt  # Gradio closes the server on it
+
+
+def end_starting_engines(registry: EngineRegistry) -> None:
+    """After `close_all`: what is left are the processes of engines still starting (in a thread,
+    which cannot be cancelled); ended now, their starts fail at once. Left to the exit, the exit first
+    waited for each whole start, and a stop that would not wait that long (a supervisor's, docker's)
+    killed the app and left the engine running without it, holding its memory. Killed, not asked: a
+    start has nothing to save, and a process of a start that sees another end logs it as an error:
+    so all are frozen first, then killed. Only vLLM's processes (named VLLM::…, and what they
+    started, named or not yet): this process's resource tracker must live on to clean up after them."""
+    import psutil
+
+    from chat.engine import EngineState  # loaded by now: the registry holds engines
+
+    starting = [engine.preset.name for engine in registry if engine.state is EngineState.STARTING]
+    if not starting:
+        return
+    doomed: list[psutil.Process] = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name().startswith("VLLM::") and child not in doomed:
+                for process in (child, *child.children(recursive=True)):
+                    process.suspend()  # before it can start another or see one end
+                    doomed.append(process)
+    if not doomed:  # a UI worker: its engines are another process's
+        return
+    log.info("Stopping the engine for %s while it starts", ", ".join(map(repr, starting)))
+    for process in doomed:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def end_children() -> None:
@@ -112,7 +143,10 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     except Refused as exc:
         print(exc, file=sys.stderr)
         return 2
-    launch(app, args, worker)
+    try:
+        launch(app, args, worker)
+    except KeyboardInterrupt:  # stopped while Gradio was still starting (once it serves, it handles this)
+        app.demo.close()
     return 0
 
 

@@ -128,7 +128,7 @@ class Supervisor:
 
     async def run(self) -> int:
         from chat.owner import EngineOwner
-        from chat.server import memory_budget
+        from chat.server import end_starting_engines, memory_budget
 
         loop = asyncio.get_running_loop()
 
@@ -170,6 +170,7 @@ class Supervisor:
             await asyncio.to_thread(self.stop_workers)
             log.info("UI workers stopped in %.1f s", time.monotonic() - started)
             await owner.close_all()
+            end_starting_engines(owner)  # cut short: the exit would wait for each whole start
             serving.cancel()
             log.info("Engines stopped in %.1f s", time.monotonic() - started)
 

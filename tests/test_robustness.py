@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
-from tests.conftest import USER, get_json
+from tests.conftest import PROBLEM_LINE, USER, get_json, start_app
 from tests.test_stream import engine_idle, reply_to
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -180,3 +181,42 @@ def test_failed_sign_ins_from_one_address_are_refused_for_a_while(protected_app)
         assert right.status_code == 429 and right.json()["detail"] == TOO_MANY
         assert there.get(protected_app.url + "metrics", auth=AUTH).status_code == 401
     assert http_status(protected_app.url + "metrics", AUTH) == 200, "this machine's own address is not locked out"
+
+
+@pytest.mark.app
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stopping_the_app_while_its_engine_starts_ends_the_start_and_leaves_nothing_running(tmp_path, workers):
+    """Ctrl-C or `docker stop` during the first minute: the start is cut short (the exit used to wait
+    for it, and a stop that would not wait that long left the engine running without the app)."""
+    app = start_app("stop-while-starting", "--votes-db", str(tmp_path / "votes.sqlite3"), "--ui-workers", str(workers),
+                    engine_ready=False)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the engine's own processes exist: its start is under way
+            with contextlib.suppress(AssertionError, psutil.Error):
+                engine_core_of(app.process)
+                break
+            assert time.monotonic() < deadline, "no engine process appeared"
+            time.sleep(0.2)
+        assert "ready in" not in app.log_path.read_text(errors="replace")
+        children = psutil.Process(app.process.pid).children(recursive=True)
+        app.process.terminate()
+        app.process.wait(timeout=120)
+    finally:
+        if app.process.poll() is None:
+            app.process.kill()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    alive = [p for p in alive if running(p)]
+    assert not alive, f"processes outlived the app: {alive}"
+    text = app.log_path.read_text(errors="replace")
+    assert "Stopping the engine for 'SmolLM2 135M (CPU)' while it starts" in text, text[-3000:]
+    assert not PROBLEM_LINE.search(text), text[-3000:]
+
+
+def running(process: psutil.Process) -> bool:
+    """Alive, not a zombie: one that has ended but is not reaped yet holds nothing (and this
+    sandbox's init may be slow to reap a process whose parent was killed)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

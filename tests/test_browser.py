@@ -137,7 +137,7 @@ def test_history_survives_a_reload_with_its_stats(page):
     )
     page.reload()
     page.wait_for_selector("#message textarea")
-    page.wait_for_selector(REPLY_TITLE, timeout=15_000)  # back in the conversation, with no click
+    page.wait_for_selector(REPLY_TITLE, timeout=60_000)  # back in the conversation, with no click
     assert titles(page)[-1] == title
     assert "Say something about owls." in page.locator("#chatbot").inner_text()
     send(page, "And about cats?")  # it goes on in the same saved chat

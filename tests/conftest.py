@@ -208,12 +208,13 @@ def app_server(tmp_path_factory) -> Iterator[RunningApp]:
 USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-secret")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def protected_app(tmp_path_factory) -> Iterator[RunningApp]:
-    """The app behind a login (`--auth`, three accounts, `admin` the administrator), shared by the
-    tests of logins, administrators, hostile sign-ins and a killed engine (one app start, not four).
-    Failed sign-ins lock an address out: a test that does that on purpose comes from an address of
-    its own (the loopback network is 127.0.0.0/8) or is the last of the session to use this app."""
+    """The app behind a login (`--auth`, three accounts, `admin` the administrator), for the tests of
+    logins, administrators, hostile sign-ins and a killed engine. One per module: shared by the whole
+    session it ran beside every later test, and a Compare test after the capacity tests failed in two
+    full runs of two (it passes alone). Failed sign-ins lock an address out: a test that does that
+    on purpose comes from an address of its own (the loopback network is 127.0.0.0/8)."""
     votes = tmp_path_factory.mktemp("protected-votes") / "votes.sqlite3"
     accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
     app = start_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(votes))

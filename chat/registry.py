@@ -284,7 +284,8 @@ class EngineRegistry:
     async def close_all(self) -> None:
         """Unload every engine, all at once: each waits seconds for its processes to end."""
         self.closing = True
-        # One still starting is in its worker thread; the process exit ends its child processes.
+        # One still starting is in its worker thread, which cannot be cancelled: the stop ends its
+        # processes after this (chat/server.py end_starting_engines), and its start then fails.
         closing = [e for e in self._engines.values() if e.task is None or e.task.done()]
         outcomes = await asyncio.gather(*(self.unload(engine, "The demo is shutting down.") for engine in closing),
                                         return_exceptions=True)  # one that fails does not keep the others

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from bench.gradio_browser import Page, Tab, Watch, load_page, message_text
+from bench.start_line import start_line, wait_at
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
 
@@ -79,9 +80,16 @@ async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
         raise RuntimeError(f"seeding the history failed: {tab.trace.errors}")
 
 
-async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
-    tab = Tab(http, url, page)
+async def open_tab(http: httpx.AsyncClient, url: str, page: Page, protocol: str) -> Tab:
+    """A tab with its page loaded (and so its UI worker's cookie), before its turn's clock starts."""
+    tab = Tab(http, url, page, program=protocol == "api")
     await tab.pin()
+    return tab
+
+
+async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request,
+                       tab: Tab | None = None) -> Turn:
+    tab = tab or await open_tab(http, url, page, "browser")
     for elem_id, value in request.settings.items():
         tab.set(elem_id, value)
     if request.history:
@@ -93,9 +101,9 @@ async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int
     return _turn(index, tab, watch, seeded)
 
 
-async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
-    tab = Tab(http, url, page, program=True)
-    await tab.pin()
+async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request,
+                   tab: Tab | None = None) -> Turn:
+    tab = tab or await open_tab(http, url, page, "api")
     if request.history:
         await _seed(tab, request.history)
     seeded = tab.trace.direct + tab.trace.queued
@@ -128,12 +136,12 @@ async def ws_turn(url: str, index: int, request: Request, preset: str, sampling:
 
 
 def _take(http: httpx.AsyncClient, url: str, page: Page | None, protocol: str, index: int, request: Request,
-          ws: dict[str, Any]) -> Any:
-    """One turn through `protocol`'s door (a coroutine)."""
+          ws: dict[str, Any], tab: Tab | None = None) -> Any:
+    """One turn through `protocol`'s door (a coroutine); `tab`: one already open for it."""
     if protocol == "browser":
-        return browser_turn(http, url, page, index, request)
+        return browser_turn(http, url, page, index, request, tab)
     if protocol == "api":
-        return api_turn(http, url, page, index, request)
+        return api_turn(http, url, page, index, request, tab)
     return ws_turn(url, index, request, ws["preset"], ws["sampling"])
 
 
@@ -146,18 +154,26 @@ async def _timed(one: Any, index: int) -> Turn:
 
 
 async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
-                  ws: dict[str, Any]) -> list[Turn]:
+                  ws: dict[str, Any], line: Any = None) -> list[Turn]:
+    """Each reader's first tab loads its page before the burst starts (people who press Enter
+    together already have the page open); later turns open their tab in their reader's time."""
     async with _client(concurrency) as http:
         page = await load_page(http, url) if protocol != "ws" else None
         todo = list(work)
         out: list[Turn] = []
+        readers = max(1, min(concurrency, len(todo)))
+        first_tabs: list[Tab | None] = [None] * readers
+        if page is not None:
+            first_tabs = list(await asyncio.gather(*(open_tab(http, url, page, protocol) for _ in range(readers))))
+        await wait_at(line)
 
-        async def reader() -> None:
+        async def reader(tab: Tab | None) -> None:
             while todo:
                 index, request = todo.pop(0)
-                out.append(await _timed(_take(http, url, page, protocol, index, request, ws), index))
+                out.append(await _timed(_take(http, url, page, protocol, index, request, ws, tab), index))
+                tab = None
 
-        await asyncio.gather(*(reader() for _ in range(max(1, concurrency))))
+        await asyncio.gather(*(reader(tab) for tab in first_tabs))
         return out
 
 
@@ -175,11 +191,12 @@ async def _open(url: str, protocol: str, work: list[tuple[int, Request]], t0: fl
 
 
 def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
-           ws: dict[str, Any], t0: float | None = None, rate: float | None = None) -> list[dict[str, Any]]:
+           ws: dict[str, Any], t0: float | None = None, rate: float | None = None,
+           line: Any = None) -> list[dict[str, Any]]:
     if rate:
         assert t0 is not None
         return [asdict(t) for t in asyncio.run(_open(url, protocol, work, t0, rate, ws))]
-    return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws))]
+    return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws, line))]
 
 
 def take_turns(url: str, protocol: str, requests: list[Request], *, concurrency: int, procs: int = 1,
@@ -194,8 +211,9 @@ def take_turns(url: str, protocol: str, requests: list[Request], *, concurrency:
     else:
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
         t0 = time.monotonic() + 2.0  # time for the client processes to start (one clock for all: CLOCK_MONOTONIC)
-        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}, t0, rate)
+        with start_line(0 if rate else procs) as line, \
+                ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}, t0, rate, line)
                        for i in range(procs)]
             turns = [t for f in futures for t in f.result()]
     return sorted((Turn(**{**t, "updates": [tuple(u) for u in t["updates"]]}) for t in turns), key=lambda t: t.index)

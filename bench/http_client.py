@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from bench.gradio_stream import GradioChat
+from bench.start_line import start_line, wait_at
 
 
 @dataclass
@@ -79,11 +80,13 @@ async def _one_ws(url: str, index: int, request: dict[str, Any]) -> Reply:
     return reply
 
 
-async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, protocol: str) -> list[Reply]:
+async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, protocol: str,
+                  line: Any = None) -> list[Reply]:
     async with _client(concurrency) as http:
         if protocol == "gradio":
             client = GradioChat(http, url)
             await client.fn_index()
+        await wait_at(line)
         todo = list(payloads)
         out: list[Reply] = []
 
@@ -110,10 +113,10 @@ async def _open(url: str, payloads: list[tuple[int, Any]], t0: float, rate: floa
 
 
 def _shard(url: str, payloads: list[tuple[int, Any]], concurrency: int, t0: float | None,
-           rate: float | None, protocol: str = "gradio") -> list[Reply]:
+           rate: float | None, protocol: str = "gradio", line: Any = None) -> list[Reply]:
     if rate:
         return asyncio.run(_open(url, payloads, t0 or time.monotonic(), rate, protocol))
-    return asyncio.run(_closed(url, payloads, concurrency, protocol))
+    return asyncio.run(_closed(url, payloads, concurrency, protocol, line))
 
 
 def send_all(url: str, payloads: list[Any], *, concurrency: int = 1, rate: float | None = None,
@@ -129,8 +132,9 @@ def send_all(url: str, payloads: list[Any], *, concurrency: int = 1, rate: float
         t0 = time.monotonic() + 2.0 if rate else None  # time for the client processes to start
         shares = [indexed[i::procs] for i in range(procs)]
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
-        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, share, n, t0, rate, protocol)
+        with start_line(0 if rate else procs) as line, \
+                ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, share, n, t0, rate, protocol, line)
                        for share, n in zip(shares, readers, strict=True)]
             replies = [r for f in futures for r in f.result()]
     return sorted(replies, key=lambda r: r.index)

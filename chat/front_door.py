@@ -44,6 +44,9 @@ IDLE_TIMEOUT_S = 120
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
 RETRY_FOR_S = 5
+# What a request gets when no worker answered within RETRY_FOR_S: while the app starts, or all its
+# workers are being replaced. Said by Caddy (no worker can), and not logged as an error.
+NO_WORKER = "The app is starting, or restarting a part of itself; try again in a few seconds."
 # Caddy must drop an idle connection to a worker before the worker does (uvicorn: after 5 s), or a
 # request sent on it just then is reset and answered 502 (seen on the H200 with bursts of 256).
 UPSTREAM_IDLE_S = 3
@@ -121,6 +124,10 @@ http://:{port} {{
 	}}
 	handle {{
 		{proxy("round_robin")}
+	}}
+	handle_errors 502 503 {{
+		header Retry-After 5
+		respond "{NO_WORKER}" 503
 	}}
 }}
 """

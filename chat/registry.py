@@ -85,6 +85,7 @@ class EngineRegistry:
         self.memory_budget = memory_budget  # None: no limit
         self.max_waiting = max_waiting
         self.closing = False  # the app is shutting down: an engine start that fails now was stopped
+        self.building: dict[str, Engine] = {}  # by key: engines whose vLLM processes are being started (in threads)
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(list(self._engines.values()))
@@ -200,7 +201,7 @@ class EngineRegistry:
             if engine.start_delay_s:
                 engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
                 await asyncio.sleep(engine.start_delay_s)
-            await asyncio.to_thread(self._build, engine, make_room)
+            await asyncio.to_thread(self._build_unless_closing, engine, make_room)
         except EngineBusy as exc:
             engine.refusal, engine.state = exc, EngineState.CLOSED
             if self._engines.get(engine.key) is engine:
@@ -319,6 +320,18 @@ class EngineRegistry:
         return next((v for v in self.overview() if v.key == preset.engine_key), None)
 
     # --- what the owner of engines shared by several processes does differently (chat/owner.py) ----
+
+    def _build_unless_closing(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
+        """A start asked for as the app stops (a page's first message, the default engine of an app
+        stopped during its own start) never starts vLLM; one under way is seen in `building` by the
+        stop, which ends its processes (chat/server.py end_starting_engines)."""
+        if self.closing:
+            raise RuntimeError("the app is stopping")
+        self.building[engine.key] = engine
+        try:
+            self._build(engine, make_room)
+        finally:
+            self.building.pop(engine.key, None)
 
     def _build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
         """Blocking (in a worker thread): start vLLM for `engine`."""

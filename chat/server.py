@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ log = logging.getLogger("chat")
 QUEUE_SLOTS = 1024
 MAX_UPLOAD = "1mb"  # the page takes no uploads; Gradio's /upload would otherwise store a file of any size
 CLOSE_WAIT_S = 30.0
+END_STARTS_WITHIN_S = 60.0  # a start gives up within a second of its processes' end; this is a backstop
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Shutdown:
     def interrupt(self, signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would break the shutdown
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C still quits at once
+        self.registry.closing = True  # an engine start asked for from now on does not begin
         if self.loop is not None and self.loop.is_running():
             closing = asyncio.run_coroutine_threadsafe(self.registry.close_all(), self.loop)
             with contextlib.suppress(Exception):
@@ -90,33 +93,36 @@ class Shutdown:
 
 
 def end_starting_engines(registry: EngineRegistry) -> None:
-    """After `close_all`: what is left are the processes of engines still starting (in a thread,
-    which cannot be cancelled); ended now, their starts fail at once. Left to the exit, the exit first
-    waited for each whole start, and a stop that would not wait that long (a supervisor's, docker's)
-    killed the app and left the engine running without it, holding its memory. Killed, not asked: a
-    start has nothing to save, and a process of a start that sees another end logs it as an error:
-    so all are frozen first, then killed. Only vLLM's processes (named VLLM::…, and what they
-    started, named or not yet): this process's resource tracker must live on to clean up after them."""
+    """After `close_all`: what is left are engines still starting (in a thread, which cannot be
+    cancelled); their processes are ended as they appear, until every start has given up (one may
+    not have started vLLM's processes yet when the stop comes). Left to the exit, the exit first
+    waited for each whole start, and a stop that would not wait that long (a supervisor's, docker's,
+    a test's) killed the app and left the engine running without it, holding its memory. Killed, not
+    asked: a start has nothing to save, and a process of a start that sees another end logs it as an
+    error: so all are frozen first, then killed. Only vLLM's processes (named VLLM::…, and what they
+    started, named or not yet): this process's resource tracker must live on to clean up after them.
+    A UI worker's registry starts no vLLM process of its own: nothing to wait for there."""
     import psutil
 
-    from chat.engine import EngineState  # loaded by now: the registry holds engines
-
-    starting = [engine.preset.name for engine in registry if engine.state is EngineState.STARTING]
-    if not starting:
-        return
-    doomed: list[psutil.Process] = []
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if child.name().startswith("VLLM::") and child not in doomed:
-                for process in (child, *child.children(recursive=True)):
-                    process.suspend()  # before it can start another or see one end
-                    doomed.append(process)
-    if not doomed:  # a UI worker: its engines are another process's
-        return
-    log.info("Stopping the engine for %s while it starts", ", ".join(map(repr, starting)))
-    for process in doomed:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+    registry.closing = True  # no start begins from now on
+    deadline = time.monotonic() + END_STARTS_WITHIN_S
+    told = False
+    while registry.building and time.monotonic() < deadline:
+        doomed: list[psutil.Process] = []
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.name().startswith("VLLM::") and child not in doomed:
+                    for process in (child, *child.children(recursive=True)):
+                        process.suspend()  # before it can start another or see one end
+                        doomed.append(process)
+        if doomed and not told:
+            names = ", ".join(repr(engine.preset.name) for engine in list(registry.building.values()))
+            log.info("Stopping the engine for %s while it starts", names)
+            told = True
+        for process in doomed:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        time.sleep(0.1)
 
 
 def end_children() -> None:

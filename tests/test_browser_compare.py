@@ -117,6 +117,8 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     summary = page.locator("#compare-summary").inner_text()
     assert "SmolLM2" not in summary and not re.search(r"\d+\.\d", summary), summary
 
+    # The buttons come with Gradio's last redraw of the turn, which may follow the live text's last line.
+    page.locator("#compare-vote-0").wait_for(state="visible", timeout=60_000)
     votes = page.locator("[id^=compare-vote-]:visible")
     assert votes.all_inner_texts() == ["A is better", "B is better", "Tie", "Both bad"]
     page.locator("#compare-vote-0").click()

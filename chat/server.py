@@ -101,10 +101,10 @@ def end_starting_engines(registry: EngineRegistry) -> None:
     asked: a start has nothing to save, and a process of a start that sees another end logs it as an
     error: so all are frozen first, then killed. Only vLLM's processes (named VLLM::…, and what they
     started, named or not yet): this process's resource tracker must live on to clean up after them.
-    A UI worker's registry starts no vLLM process of its own: nothing to wait for there."""
+    A UI worker's registry starts no vLLM process of its own: nothing to wait for there. Called once
+    `registry.closing` is set (by the stop, or by `close_all`), so that no new start begins."""
     import psutil
 
-    registry.closing = True  # no start begins from now on
     deadline = time.monotonic() + END_STARTS_WITHIN_S
     told = False
     while registry.building and time.monotonic() < deadline:

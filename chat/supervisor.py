@@ -165,6 +165,7 @@ class Supervisor:
                 self.look_now.clear()
             return 0
         finally:
+            owner.closing = True  # no engine start begins while the workers stop
             started = time.monotonic()
             self.front.stop()
             await asyncio.to_thread(self.stop_workers)

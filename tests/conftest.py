@@ -33,7 +33,11 @@ TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client"}, "engin
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones."""
+    """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
+    and run the tests of the app behind a login (`protected_app`, from three modules) last and
+    together, so that one start of that app serves them all and it never idles beside other tests."""
+    behind_login = [item for item in items if "protected_app" in getattr(item, "fixturenames", ())]
+    items[:] = [item for item in items if item not in behind_login] + behind_login
     for item in items:
         if any(item.get_closest_marker(tier) for tier in TIERS):
             continue
@@ -208,13 +212,15 @@ def app_server(tmp_path_factory) -> Iterator[RunningApp]:
 USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-secret")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def protected_app(tmp_path_factory) -> Iterator[RunningApp]:
     """The app behind a login (`--auth`, three accounts, `admin` the administrator), for the tests of
-    logins, administrators, hostile sign-ins and a killed engine. One per module: shared by the whole
-    session it ran beside every later test, and a Compare test after the capacity tests failed in two
-    full runs of two (it passes alone). Failed sign-ins lock an address out: a test that does that
-    on purpose comes from an address of its own (the loopback network is 127.0.0.0/8)."""
+    logins, administrators, hostile sign-ins and a killed engine. One for the session, whose tests
+    run last (`pytest_collection_modifyitems`): when it started with the first of them and idled
+    beside every later test, a Compare test after the capacity tests failed in two full runs of two
+    (it passes alone); one per module cost two more starts of a minute each. Failed sign-ins lock an
+    address out: a test that does that on purpose comes from an address of its own (the loopback
+    network is 127.0.0.0/8)."""
     votes = tmp_path_factory.mktemp("protected-votes") / "votes.sqlite3"
     accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
     app = start_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(votes))

@@ -18,7 +18,20 @@ REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
 REPLY_TITLE = "#chatbot .bot-row .thought .title"
 
 
-def send(page, text: str) -> None:
+MAX_TOKENS = "#knob-max_tokens input[type=number]"
+# For a test that needs a reply but not a long one: the embedded model writes about 6 tokens a
+# second on a 2-core AVX2 machine, where a reply of the default 256 tokens takes most of a minute.
+SHORT = 24
+
+
+def send(page, text: str, max_tokens: int | None = None) -> None:
+    """Type `text` and send it; with `max_tokens`, first set the reply's cap in the settings (in view
+    at a laptop's width) as a person would."""
+    if max_tokens is not None:
+        knob = page.locator(MAX_TOKENS)
+        knob.fill(str(max_tokens))
+        knob.press("Tab")
+        page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{max_tokens}'")
     box = page.locator("#message textarea")
     box.fill(text)
     box.press("Enter")
@@ -97,7 +110,7 @@ def wait_for_one_new_reply(page, old_title: str) -> None:
 
 
 def test_retry_writes_a_new_reply_with_new_stats(page):
-    send(page, "Name one planet.")
+    send(page, "Name one planet.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     first = titles(page)[-1]
     page.get_by_role("button", name="Retry").last.click()
@@ -106,7 +119,7 @@ def test_retry_writes_a_new_reply_with_new_stats(page):
 
 
 def test_undo_puts_the_message_back_in_the_box(page):
-    send(page, "Name one bird.")
+    send(page, "Name one bird.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     page.locator("#chatbot").get_by_role("button", name="Undo").last.click()
     page.wait_for_function("document.querySelector('#message textarea').value === 'Name one bird.'")
@@ -114,7 +127,7 @@ def test_undo_puts_the_message_back_in_the_box(page):
 
 
 def test_edit_regenerates_from_the_edited_message(page):
-    send(page, "Name one fruit.")
+    send(page, "Name one fruit.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     first = titles(page)[-1]
     page.get_by_role("button", name="Edit").last.click()
@@ -129,8 +142,9 @@ def test_edit_regenerates_from_the_edited_message(page):
 
 
 def test_history_survives_a_reload_with_its_stats(page):
-    send(page, "Say something about owls.")
+    send(page, "Say something about owls.", max_tokens=SHORT)
     _, title = watch_reply(page, REPLIED)
+    assert int(SUMMARY.search(title)["tokens"]) <= SHORT, f"the cap set in the settings held: {title}"
     page.wait_for_function(  # saved once the reply is done: then it also shows in the list of chats
         "[...document.querySelectorAll('*')].filter(e => e.children.length === 0 && e.innerText === 'Say something about owls.').length >= 2",
         timeout=15_000,
@@ -140,7 +154,7 @@ def test_history_survives_a_reload_with_its_stats(page):
     page.wait_for_selector(REPLY_TITLE, timeout=60_000)  # back in the conversation, with no click
     assert titles(page)[-1] == title
     assert "Say something about owls." in page.locator("#chatbot").inner_text()
-    send(page, "And about cats?")  # it goes on in the same saved chat
+    send(page, "And about cats?", max_tokens=SHORT)  # it goes on in the same saved chat
     page.wait_for_function(f"[...document.querySelectorAll({REPLY_TITLE!r})].filter(t => t.innerText.includes({REPLIED!r})).length === 2",
                            timeout=90_000)
     page.locator("#new-chat").click()  # a new chat is what a reload then shows
@@ -189,7 +203,7 @@ def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme
     page = context.new_page()
     page.goto(f"{app_server.url}?__theme={theme}")
     page.wait_for_selector("#message textarea")
-    send(page, "Say hello in French.")
+    send(page, "Say hello in French.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     assert contrast(page, REPLY_TEXT + " .message-content") >= 4.5
     assert contrast(page, REPLY_TITLE) >= 3
@@ -198,7 +212,7 @@ def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme
 
 
 def test_script_in_a_message_never_runs(page):
-    send(page, '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script> Repeat exactly: <b onmouseover=alert(1)>hi</b>')
+    send(page, '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script> Repeat exactly: <b onmouseover=alert(1)>hi</b>', max_tokens=SHORT)
     watch_reply(page, REPLIED)
     page.locator("#chatbot").hover()
     assert page.evaluate("window.__pwned") is None
@@ -225,7 +239,7 @@ def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_
 
 
 def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):
-    send(page, "Name a colour.")
+    send(page, "Name a colour.", max_tokens=SHORT)
     _, title = watch_reply(page, REPLIED)
     with page.expect_download(timeout=15_000) as download:
         page.locator("#save").click()  # one click

@@ -18,10 +18,12 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def two_engine_app(tmp_path_factory):
+    # The story: long enough to be streaming while the other page switches (a few seconds on a
+    # fast CPU), short enough not to dominate the suite (about 6 tokens a second on an AVX2 one).
     folder = tmp_path_factory.mktemp("presets")
     small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
                  system_prompt="You tell long stories.", examples=["Tell me a story about a lighthouse."],
-                 sampling={"temperature": 0.9, "max_tokens": {"default": 400, "max": 512}})
+                 sampling={"temperature": 0.9, "max_tokens": {"default": 200, "max": 512}})
     small_preset(folder, "Terse", context=1536, description="Short, exact replies.",
                  system_prompt="Answer in one short sentence.", examples=["What is 2 + 2?"],
                  sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})

@@ -12,6 +12,7 @@ import pytest
 from chat.monitor import CHARTS
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, free_port
+from tests.test_browser import SHORT, send
 from tests.test_browser_layout import CUT_TEXT, PAST_THE_EDGE, UNREADABLE_CHART_TEXT
 
 pytestmark = pytest.mark.browser
@@ -26,9 +27,7 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
     page.set_default_timeout(30_000)
     try:
         page.goto(app_server.url)
-        box = page.locator("#message textarea")
-        box.fill("Say hello in five words.")
-        box.press("Enter")
+        send(page, "Say hello in five words.", max_tokens=SHORT)
         page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
 
         page.get_by_role("tab", name="Monitor").click()

@@ -197,9 +197,15 @@ html { scrollbar-gutter: stable; }
 .chart-legend li { display: inline-flex; align-items: center; gap: 6px; }
 .chart-legend .swatch { display: inline-block; width: 20px; height: 4px; border-radius: 2px; }
 #monitor-charts [data-testid="block-info"] { color: var(--body-text-color); font-weight: 600; }
-/* Readers who ask for less motion (a system setting) get none: no fades, no pulsing borders. */
+/* Readers who ask for less motion (a system setting) get none: no fades, no pulsing borders.
+   Transitions take no time at all, not a short time: a transition of any length starts only at the
+   next frame the browser draws, and until then the element keeps its old look, so a Download
+   button just enabled kept its disabled one (opacity 0.5, text 3.28:1 on its grey) for as long as
+   the page was busy drawing the Leaderboard's table and chart, and axe read it so. A transition of
+   0 s is none: the new look applies at once. */
 @media (prefers-reduced-motion: reduce) {
   *, *::before, *::after { animation-duration: 0.01ms !important; animation-iteration-count: 1 !important;
-                           transition-duration: 0.01ms !important; scroll-behavior: auto !important; }
+                           transition-duration: 0s !important; transition-delay: 0s !important;
+                           scroll-behavior: auto !important; }
 }
 """

@@ -36,8 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
     and run the tests of the app behind a login (`protected_app`, from three modules) last and
     together, so that one start of that app serves them all and it never idles beside other tests."""
-    behind_login = [item for item in items if "protected_app" in getattr(item, "fixturenames", ())]
-    items[:] = [item for item in items if item not in behind_login] + behind_login
+    items.sort(key=lambda item: "protected_app" in getattr(item, "fixturenames", ()))  # stable: order kept
     for item in items:
         if any(item.get_closest_marker(tier) for tier in TIERS):
             continue

@@ -12,12 +12,11 @@ import pytest
 from chat.monitor import CHARTS
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, free_port
-from tests.test_browser import SHORT, send
+from tests.test_browser import REPLY_TITLE, SHORT, send
 from tests.test_browser_layout import CUT_TEXT, PAST_THE_EDGE, UNREADABLE_CHART_TEXT
 
 pytestmark = pytest.mark.browser
 
-REPLY_TITLE = "#chatbot .bot-row .thought .title"
 ZONE = "Asia/Kolkata"  # UTC+5:30: a clock no server runs on by accident, so UTC labels would show
 
 

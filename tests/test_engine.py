@@ -79,7 +79,9 @@ async def test_budget_concurrency_and_unloading(small_presets):
         assert 0.5e9 < engine_a.memory_need < 1.3e9
 
         # An engine with a stream in flight is not unloaded to make room.
-        reply = reply_to(engine_a, first, "Tell me a long story about owls.", max_tokens=400, temperature=0.8)
+        # Long enough to be in flight while the second preset is refused (at once), short enough to
+        # read to its end quickly: the refusal must not have disturbed it.
+        reply = reply_to(engine_a, first, "Tell me a long story about owls.", max_tokens=48, temperature=0.8)
         stream = reply.stream()
         await anext(stream)
         with pytest.raises(EngineBusy) as caught:

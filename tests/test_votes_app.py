@@ -1,8 +1,10 @@
-"""Votes through the running app's Gradio API: kept across a restart, none lost when several sessions
+"""Votes through the running app's Gradio API: on disk for the next start, none lost when several sessions
 vote at once, and refused with a sentence when there is nothing to vote on, twice, or malformed."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 
 import pytest
@@ -76,21 +78,23 @@ def test_votes_with_nothing_to_vote_on_twice_or_malformed_are_refused_with_a_sen
     assert vote(client, "A") == {"ok": False, "error": "You have voted on turn 1; send another prompt to vote again."}
 
 
-def test_votes_survive_a_restart_of_the_app(tmp_path):
-    votes_db = tmp_path / "votes.sqlite3"
-    app = start_app("votes-before", "--votes-db", str(votes_db))
+def test_votes_survive_a_restart_of_the_app(app_server, tmp_path):
+    """A vote is on disk once it is answered, not only at a clean stop: an app started on a copy of
+    the running app's votes file (taken while that app runs) shows the same leaderboard, with no
+    engine (one app start fewer than stopping the shared app and starting it again)."""
+    client = Client(app_server.url, verbose=False)
+    compare(client, "Write one word about the sea.")
+    assert vote(client, "A")["ok"]
+    board = stored(client)
+    copy = tmp_path / "votes.sqlite3"
+    votes_file = app_server.process.args[app_server.process.args.index("--votes-db") + 1]
+    with contextlib.closing(sqlite3.connect(votes_file)) as source, contextlib.closing(sqlite3.connect(copy)) as target:
+        source.backup(target)
+    app = start_app("votes-after", "--votes-db", str(copy), engine_ready=False)  # votes need no engine
     try:
-        client = Client(app.url, verbose=False)
-        compare(client, "Write one word about the sea.")
-        assert vote(client, "A")["ok"]
-        assert stored(client)["votes_stored"] == 1
+        after = stored(Client(app.url, verbose=False))
     finally:
         stop_app(app)
-    app = start_app("votes-after", "--votes-db", str(votes_db), engine_ready=False)  # votes need no engine
-    try:
-        board = stored(Client(app.url, verbose=False))
-        assert board["votes_stored"] == 1 and board["votes_counted"] == 1
-        assert sorted(s["preset"] for s in board["standings"]) == [CREATIVE, DETERMINISTIC]
-        assert sum(s["wins"] for s in board["standings"]) == 1
-    finally:
-        stop_app(app)
+    assert after["votes_stored"] == board["votes_stored"] >= 1
+    assert after["votes_counted"] == board["votes_counted"] >= 1
+    assert after["standings"] == board["standings"] and {s["preset"] for s in after["standings"]} >= {CREATIVE, DETERMINISTIC}

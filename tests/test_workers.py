@@ -386,8 +386,16 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
     page.locator("#compare-blind input").check()
     page.locator("#compare-settings").get_by_text("Settings per preset").click()
     set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")
+    # All but the last of the hour's votes as the same visitor (the page's voter cookie) through the
+    # API, which is quicker than the page; the page then casts the last one and is refused the next.
+    voter = next(c["value"] for c in context.cookies() if c["name"] == VOTER_COOKIE)
+    api = Client(stranger_url(workers_app), verbose=False, httpx_kwargs={"cookies": {VOTER_COOKIE: voter}})
+    settings = {"max_tokens": 2, "temperature": 0.0}
+    for i in range(VOTES_PER_VOTER - 1):
+        api.predict([B, C], True, f"Say the letter {i}.", [settings, settings], api_name="/compare")
+        assert api.predict("A", None, api_name="/vote")["ok"]
     said = []
-    for i in range(VOTES_PER_VOTER + 1):
+    for i in range(2):
         if i:
             page.locator("#compare-new").click()
             page.wait_for_function("document.querySelector('#compare-chat-0 .bot-row') === null")
@@ -399,8 +407,8 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
                                "document.querySelector('#compare-status')?.innerText)")
         said.append(page.locator("#compare-status").inner_text())
     context.close()
-    assert all("You voted" in line for line in said[:VOTES_PER_VOTER]), said
-    assert TOO_MANY_FROM_VOTER in said[-1], said[-1]
+    assert "You voted" in said[0], said
+    assert TOO_MANY_FROM_VOTER in said[1], said
 
 
 def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(workers_app):

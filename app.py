@@ -51,3 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, an engine core or its worker
+    from chat.lifeline import end_with_parent
+
+    end_with_parent()

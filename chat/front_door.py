@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chat.lifeline import ends_with_parent
+
 log = logging.getLogger(__name__)
 
 COOKIE = "chat_worker"
@@ -151,6 +153,7 @@ class FrontDoor:
         self.process = subprocess.Popen(
             [str(binary), "run", "--config", str(config), "--adapter", "caddyfile"],
             stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(self.folder), "XDG_DATA_HOME": str(self.folder)},
+            preexec_fn=ends_with_parent(),  # the kernel ends Caddy if the app is killed (chat/lifeline.py)
         )
 
     @property

@@ -13,18 +13,21 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import websockets
 
 from chat.client import websocket_url
 from chat.stats import SUMMARY
 from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, stop_app
+from tests.test_robustness import running
 
 pytestmark = pytest.mark.app
 
@@ -81,7 +84,12 @@ def workers(tmp_path_factory) -> Iterator[RunningApp]:
     votes = tmp_path_factory.mktemp("hostile-votes") / "votes.sqlite3"
     app = start_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(votes))
     yield app
-    stop_app(app)
+    started = psutil.Process(app.process.pid).children(recursive=True)
+    stop_app(app)  # a stop by signal ends everything it started (test_workers.py kills its app instead)
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in started if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"processes outlived the app: {alive}"
 
 
 @pytest.fixture(params=["one worker", "two workers behind Caddy"])

@@ -499,6 +499,22 @@ def test_a_killed_engine_core_is_started_again_and_its_workers_rejoin(workers_ap
     assert [worker_pid(workers_app, port) for port in ports] == pids, "the workers kept running"
 
 
+def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
+    """SIGKILL (or the out-of-memory killer) gives the app no chance to stop what it started: the UI
+    workers, the engine cores and Caddy end by themselves (chat/lifeline.py), and the port is free
+    for the next start. Last: it ends the module's app."""
+    from tests.test_robustness import running
+
+    started = descendants(workers_app)
+    assert "caddy" in {p.name() for p in started} and len(engine_cores(workers_app)) == 2
+    workers_app.process.kill()
+    workers_app.process.wait()
+    wait_for(lambda: not [p for p in started if running(p)], 60,
+             f"processes outlived the killed app: {[p for p in started if running(p)]}")
+    port = int(workers_app.url.rstrip("/").rsplit(":", 1)[1])
+    assert can_listen_on(port), "the app's port is still taken"
+
+
 def test_without_caddy_the_app_says_what_to_run(tmp_path):
     from chat.front_door import MISSING
 

@@ -1,0 +1,60 @@
+"""Every process the app starts ends with the app, also when the app is killed outright.
+
+A stop by signal lets the app end what it started (chat/server.py, chat/supervisor.py). SIGKILL,
+the kernel's out-of-memory killer or a crash leave it no chance: the engine cores kept running,
+holding their memory (a GPU's, on a GPU), and Caddy kept the public port, so the next start could
+not listen there. Now:
+
+- every process that multiprocessing spawns for the app (the UI workers, vLLM's engine cores and
+  their workers) imports app.py as `__mp_main__`, which calls `end_with_parent()`: a thread that
+  notices when the process that started this one is gone, and then stops this one as SIGTERM does
+  (each ends what it started in turn), or kills it if that has not ended it within `GRACE_S`;
+- Caddy, a program of its own, gets SIGTERM from the kernel when the app's process ends
+  (`ends_with_parent`, Linux's PR_SET_PDEATHSIG; Caddy is started from the main thread, which the
+  signal is tied to).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+CHECK_EVERY_S = 1.0
+GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def end_with_parent(check_every_s: float = CHECK_EVERY_S, grace_s: float = GRACE_S) -> None:
+    """Watch this process's parent from a daemon thread; once it is gone (this process then has
+    another parent), SIGTERM this process, and SIGKILL it `grace_s` later if it still runs."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(check_every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end with parent", daemon=True).start()
+
+
+def ends_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` for subprocess.Popen: the child gets SIGTERM when this process ends (None
+    where the kernel cannot do that: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the app ended before the line above: nothing will signal
+            os._exit(1)
+
+    return in_child

@@ -1,0 +1,80 @@
+"""A process the app started ends when the app is killed outright (chat/lifeline.py), in both ways:
+the kernel's signal for a program of its own (Caddy), the watching thread for spawned Python.
+
+Each test kills a stand-in for the app (a Python process that starts the child and reports its pid)
+with SIGKILL, then waits for the child to end. The app itself: tests/test_workers.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+ENDS_WITHIN_S = 20.0
+
+
+def killed_parent_leaves(parent_code: str, folder: Path) -> None:
+    """Run `parent_code` (which starts a child and prints its pid) as a script, SIGKILL it, and
+    wait for the child to end; fails if it still runs after ENDS_WITHIN_S."""
+    script = folder / "parent.py"  # a file: spawned children import their parent's script
+    script.write_text(textwrap.dedent(parent_code))
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    watched = psutil.Process(int(parent.stdout.readline()))
+    assert watched.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD), "the child did not start"
+    parent.kill()
+    parent.wait()
+    try:
+        watched.wait(ENDS_WITHIN_S)
+    except psutil.TimeoutExpired:
+        watched.kill()
+        raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s") from None
+    except psutil.NoSuchProcess:
+        pass
+
+
+def test_a_program_started_with_ends_with_parent_gets_sigterm_when_its_parent_is_killed(tmp_path):
+    killed_parent_leaves("""
+        import subprocess, sys
+        from chat.lifeline import ends_with_parent
+        child = subprocess.Popen(["sleep", "600"], preexec_fn=ends_with_parent())
+        print(child.pid, flush=True)
+        sys.stdin.read()
+    """, tmp_path)
+
+
+# A spawned child: it watches its parent, says it is ready, then waits (or ignores SIGTERM first).
+WATCHING_CHILD = """
+    import multiprocessing, signal, sys, time
+
+    def child(ready, ignore_term):
+        from chat.lifeline import end_with_parent
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        end_with_parent(check_every_s=0.05, grace_s=0.5)
+        ready.set()
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        spawn = multiprocessing.get_context("spawn")
+        ready = spawn.Event()
+        process = spawn.Process(target=child, args=(ready, {ignore_term}))
+        process.start()
+        print(process.pid if ready.wait(60) else -1, flush=True)
+        sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["ends on SIGTERM", "killed after the grace period"])
+def test_a_process_that_watches_its_parent_ends_when_the_parent_is_killed(ignore_term, tmp_path):
+    killed_parent_leaves(WATCHING_CHILD.format(ignore_term=ignore_term), tmp_path)

@@ -259,6 +259,10 @@ def page(browser, app_server, request):
     page.set_default_timeout(30_000)
     page.goto(app_server.url)
     page.wait_for_selector("#message textarea")
+    # The live text's Markdown parser loaded (Gradio adds the page's head late, so it may come after
+    # the message box), as it has by the time a person has typed: until then a reply's text shows
+    # only with Gradio's redraws, once a second, and a short reply would not be seen growing.
+    page.wait_for_function("window.chatLive?.render('x') != null")
     yield page
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)

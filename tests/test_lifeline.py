@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -31,16 +32,22 @@ def killed_parent_leaves(parent_code: str, folder: Path) -> None:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     watched = psutil.Process(int(parent.stdout.readline()))
-    assert watched.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD), "the child did not start"
+    assert running(watched), "the child did not start"
     parent.kill()
     parent.wait()
+    deadline = time.monotonic() + ENDS_WITHIN_S
+    while running(watched):  # ended: gone, or a zombie that this sandbox's init has not reaped yet
+        if time.monotonic() > deadline:
+            watched.kill()
+            raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s")
+        time.sleep(0.02)
+
+
+def running(process: psutil.Process) -> bool:
     try:
-        watched.wait(ENDS_WITHIN_S)
-    except psutil.TimeoutExpired:
-        watched.kill()
-        raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s") from None
+        return process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
-        pass
+        return False
 
 
 def test_a_program_started_with_ends_with_parent_gets_sigterm_when_its_parent_is_killed(tmp_path):

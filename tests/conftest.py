@@ -147,6 +147,17 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
         time.sleep(0.5)
 
 
+def running(process) -> bool:
+    """A psutil.Process alive, not a zombie: one that has ended but is not reaped yet holds nothing
+    (and this sandbox's init may be slow to reap a process whose parent was killed)."""
+    import psutil
+
+    try:
+        return process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
 def stop_app(app: RunningApp) -> None:
     app.process.terminate()
     try:

@@ -26,8 +26,7 @@ import websockets
 
 from chat.client import websocket_url
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, stop_app
-from tests.test_robustness import running
+from tests.conftest import PROBLEM_LINE, USER, RunningApp, running, start_app, stop_app
 
 pytestmark = pytest.mark.app
 

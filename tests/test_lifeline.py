@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, running
 
 pytestmark = pytest.mark.unit
 
@@ -41,13 +41,6 @@ def killed_parent_leaves(parent_code: str, folder: Path) -> None:
             watched.kill()
             raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s")
         time.sleep(0.02)
-
-
-def running(process: psutil.Process) -> bool:
-    try:
-        return process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_program_started_with_ends_with_parent_gets_sigterm_when_its_parent_is_killed(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
-from tests.conftest import PROBLEM_LINE, USER, get_json, start_app
+from tests.conftest import PROBLEM_LINE, USER, get_json, running, start_app
 from tests.test_stream import engine_idle, reply_to
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -221,13 +221,4 @@ def writes_to(process: psutil.Process, log: Path) -> bool:
     try:
         return any(Path(f.path) == log for f in process.open_files())
     except psutil.Error:
-        return False
-
-
-def running(process: psutil.Process) -> bool:
-    """Alive, not a zombie: one that has ended but is not reaped yet holds nothing (and this
-    sandbox's init may be slow to reap a process whose parent was killed)."""
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
         return False

@@ -34,7 +34,7 @@ from chat.models import weights_bytes
 from chat.stats import REPLIED, SUMMARY
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
-from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, small_preset, start_app, stop_app
+from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, running, small_preset, start_app, stop_app
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
@@ -503,8 +503,6 @@ def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
     """SIGKILL (or the out-of-memory killer) gives the app no chance to stop what it started: the UI
     workers, the engine cores and Caddy end by themselves (chat/lifeline.py), and the port is free
     for the next start. Last: it ends the module's app."""
-    from tests.test_robustness import running
-
     started = descendants(workers_app)
     assert "caddy" in {p.name() for p in started} and len(engine_cores(workers_app)) == 2
     workers_app.process.kill()

@@ -6,9 +6,11 @@ holding their memory (a GPU's, on a GPU), and Caddy kept the public port, so the
 not listen there. Now:
 
 - every process that multiprocessing spawns for the app (the UI workers, vLLM's engine cores and
-  their workers) imports app.py as `__mp_main__`, which calls `end_with_parent()`: a thread that
-  notices when the process that started this one is gone, and then stops this one as SIGTERM does
-  (each ends what it started in turn), or kills it if that has not ended it within `GRACE_S`;
+  their workers, wherever vLLM spawns them: always on a CPU; on a GPU it forks them unless CUDA is
+  initialised, and a forked process runs no watch) imports app.py as `__mp_main__`, which calls
+  `end_with_parent()`: a thread that notices when the process that started this one is gone, and
+  then stops this one as SIGTERM does (each ends what it started in turn), or kills it if that has
+  not ended it within `GRACE_S`;
 - Caddy, a program of its own, gets SIGTERM from the kernel when the app's process ends
   (`ends_with_parent`, Linux's PR_SET_PDEATHSIG; Caddy is started from the main thread, which the
   signal is tied to).

@@ -158,6 +158,14 @@ def running(process) -> bool:
         return False
 
 
+def still_running(processes: list, within_s: float) -> list:
+    """Wait up to `within_s` for every psutil.Process in `processes` to end; those still running then."""
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in processes if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def stop_app(app: RunningApp) -> None:
     app.process.terminate()
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import websockets
 
 from chat.client import websocket_url
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, USER, RunningApp, running, start_app, stop_app
+from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, still_running, stop_app
 
 pytestmark = pytest.mark.app
 
@@ -85,10 +84,7 @@ def workers(tmp_path_factory) -> Iterator[RunningApp]:
     yield app
     started = psutil.Process(app.process.pid).children(recursive=True)
     stop_app(app)  # a stop by signal ends everything it started (test_workers.py kills its app instead)
-    deadline = time.monotonic() + 30
-    while (alive := [p for p in started if running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not alive, f"processes outlived the app: {alive}"
+    assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
 
 
 @pytest.fixture(params=["one worker", "two workers behind Caddy"])

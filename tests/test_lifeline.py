@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import ROOT, running
+from tests.conftest import ROOT, running, still_running
 
 pytestmark = pytest.mark.unit
 
@@ -35,12 +34,9 @@ def killed_parent_leaves(parent_code: str, folder: Path) -> None:
     assert running(watched), "the child did not start"
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + ENDS_WITHIN_S
-    while running(watched):  # ended: gone, or a zombie that this sandbox's init has not reaped yet
-        if time.monotonic() > deadline:
-            watched.kill()
-            raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s")
-        time.sleep(0.02)
+    if still_running([watched], ENDS_WITHIN_S):  # a zombie the sandbox's init has not reaped yet has ended
+        watched.kill()
+        raise AssertionError(f"the child outlived its killed parent by {ENDS_WITHIN_S} s")
 
 
 def test_a_program_started_with_ends_with_parent_gets_sigterm_when_its_parent_is_killed(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
-from tests.conftest import PROBLEM_LINE, USER, get_json, running, start_app
+from tests.conftest import PROBLEM_LINE, USER, get_json, running, start_app, still_running
 from tests.test_stream import engine_idle, reply_to
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -209,8 +209,7 @@ def test_stopping_the_app_while_its_engine_starts_ends_the_start_and_leaves_noth
             app.process.kill()
     # Every process the app started writes to its log: none may be left.
     left = [p for p in psutil.process_iter() if writes_to(p, app.log_path) and running(p)]
-    _, alive = psutil.wait_procs(left, timeout=10)
-    assert not [p for p in alive if running(p)], f"processes outlived the app: {alive}"
+    assert not (alive := still_running(left, 10)), f"processes outlived the app: {alive}"
     text = app.log_path.read_text(errors="replace")
     if moment == "engine processes":
         assert "Stopping the engine for 'SmolLM2 135M (CPU)' while it starts" in text, text[-3000:]

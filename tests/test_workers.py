@@ -34,7 +34,7 @@ from chat.models import weights_bytes
 from chat.stats import REPLIED, SUMMARY
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
-from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, running, small_preset, start_app, stop_app
+from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, small_preset, start_app, still_running, stop_app
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
@@ -507,8 +507,7 @@ def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
     assert "caddy" in {p.name() for p in started} and engine_cores(workers_app)
     workers_app.process.kill()
     workers_app.process.wait()
-    wait_for(lambda: not [p for p in started if running(p)], 60,
-             f"processes outlived the killed app: {[p for p in started if running(p)]}")
+    assert not (alive := still_running(started, 60)), f"processes outlived the killed app: {alive}"
     port = int(workers_app.url.rstrip("/").rsplit(":", 1)[1])
     assert can_listen_on(port), "the app's port is still taken"
 

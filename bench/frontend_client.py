@@ -84,6 +84,8 @@ async def open_tab(http: httpx.AsyncClient, url: str, page: Page, protocol: str)
     """A tab with its page loaded (and so its UI worker's cookie), before its turn's clock starts."""
     tab = Tab(http, url, page, program=protocol == "api")
     await tab.pin()
+    if protocol == "browser":
+        await tab.connect()
     return tab
 
 
@@ -97,7 +99,10 @@ async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int
     seeded = tab.trace.direct + tab.trace.queued
     tab.set("message", request.message)
     watch = tab.watch = Watch(page.component("chatbot"), started=time.monotonic())
-    await tab.trigger(page.component("message"), "submit")
+    try:
+        await tab.trigger(page.component("message"), "submit")
+    finally:
+        await tab.close()  # the tab is done with: its page closes
     return _turn(index, tab, watch, seeded)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from chat.front_door import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
+from chat.sampling import KNOB_NAMES
 from chat.ui.messages import PLACEHOLDER as LIVE_PLACEHOLDER
 
 
@@ -104,6 +105,8 @@ class Watch:
     updates: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, reply length) per update
     text: str = ""  # the reply at its last update
     live: str = ""  # the reply as the page's live.js holds it (every delta over the WebSocket)
+    begun: str | None = None  # the id of the reply the page began over its socket (chat/early_reply.py)
+    box_at: float | None = None  # when Gradio drew that reply's box: the page shows its text from then
     ended: float | None = None
     error: str | None = None
 
@@ -136,6 +139,8 @@ class Tab:
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._pinned = not page.sticky
         self._early: dict[str, list[dict[str, Any]]] = defaultdict(list)  # messages before their join returned
+        self._socket: Any = None  # the page's own WebSocket (/chat), which live.js opens as the page loads
+        self._socket_reader: asyncio.Task[None] | None = None
 
     async def pin(self) -> None:
         """Take the UI worker the front door gives a newcomer, and keep it, as a browser's own cookie
@@ -145,6 +150,56 @@ class Tab:
         self._pinned = True
         response = await self.http.get(self.root + "/", headers={"Cookie": ""})  # a page load, as a browser
         self.headers["Cookie"] = f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"
+
+    async def connect(self) -> None:
+        """Open the page's socket, as live.js does when the page loads (a typed message's reply is
+        begun over it, and followed)."""
+        import websockets
+
+        self._socket = await websockets.connect(self._socket_url(), max_size=None, ping_interval=None,
+                                                additional_headers=self._cookie())
+        self._socket_reader = asyncio.get_running_loop().create_task(self._read_socket())
+
+    async def close(self) -> None:
+        if self._socket is not None:
+            await self._socket.close()
+        if self._socket_reader is not None:
+            await asyncio.gather(self._socket_reader, return_exceptions=True)
+
+    async def _read_socket(self) -> None:
+        async for raw in self._socket:
+            event = json.loads(raw)
+            watch = self.watch
+            if watch is not None and event.get("type") == "delta" and event.get("id") == watch.begun:
+                watch.live += event["text"]
+                watch.updates.append((time.monotonic(), self._length()))
+
+    async def _begin(self, event: Event, data: list[Any]) -> None:
+        """What live.js does as a typed message is sent: begin its reply over the socket, its id the
+        turn's last input (when the page has that input and its socket is open)."""
+        if self._socket is None or not event.inputs or event.inputs[-1] != self.page.elem_ids.get("began"):
+            return
+        message, history, preset, system_prompt, *knobs = data[:-1]
+        data[-1] = log_id = f"live-{secrets.token_hex(16)}"
+        if self.watch is not None and self.watch.component in event.outputs:
+            self.watch.begun = log_id
+        await self._socket.send(json.dumps({
+            "type": "begin", "id": log_id, "message": message, "history": history or [], "preset": preset,
+            "system_prompt": system_prompt, "sampling": dict(zip(KNOB_NAMES, knobs, strict=True)),
+        }))
+
+    def _length(self) -> int:
+        """The reply's length as the page shows it: a begun reply's live text counts once its box is drawn."""
+        watch = self.watch
+        assert watch is not None
+        shown_live = watch.begun is None or watch.box_at is not None
+        return max(len(watch.text), len(watch.live) if shown_live else 0)
+
+    def _socket_url(self) -> str:
+        return self.root.replace("http://", "ws://").replace("https://", "wss://") + "/chat"
+
+    def _cookie(self) -> dict[str, str] | None:
+        return {"Cookie": self.headers["Cookie"]} if "Cookie" in self.headers else None
 
     def set(self, elem_id: str, value: Any) -> None:
         self.values[self.page.component(elem_id)] = value
@@ -164,6 +219,7 @@ class Tab:
         before = {c: self.values.get(c) for c in event.outputs}
         if data is None:
             data = [None if self.page.stateful(c) else self.values.get(c) for c in event.inputs]
+        await self._begin(event, data)
         body = {"data": data, "fn_index": event.id, "session_hash": self.session, "event_data": None,
                 "trigger_id": trigger_id}
         try:
@@ -241,10 +297,12 @@ class Tab:
         """Gradio drew the reply: its text, and a live placeholder the page's script then fills."""
         assert self.watch is not None
         found = LIVE_PLACEHOLDER.search(text)
-        if found and found.group(1) not in self._live:
+        if found and found.group(1) == self.watch.begun:
+            self.watch.box_at = self.watch.box_at or now  # followed since it was begun
+        elif found and found.group(1) not in self._live:
             self._live[found.group(1)] = asyncio.get_running_loop().create_task(self._follow_live(found.group(1)))
         self.watch.text = LIVE_PLACEHOLDER.sub("", text)
-        self.watch.updates.append((now, max(len(self.watch.text), len(self.watch.live))))
+        self.watch.updates.append((now, self._length()))
 
     async def _follow_live(self, reply_id: str) -> None:
         """What chat/ui/live.js does: follow the reply over the page's WebSocket ("watch")."""
@@ -259,7 +317,7 @@ class Tab:
                 event = json.loads(raw)
                 if event.get("type") == "delta":
                     self.watch.live += event["text"]
-                    self.watch.updates.append((time.monotonic(), max(len(self.watch.text), len(self.watch.live))))
+                    self.watch.updates.append((time.monotonic(), self._length()))
                 elif event.get("type") in ("done", "error"):
                     return
 

@@ -10,6 +10,8 @@ The client sends JSON messages (chat/api_schema.py); every event the server send
     -> {"type": "cancel", "id": "r1"}                               ends it as stopped_by_user
     -> {"type": "resume", "id": "r1", "after": 41}                  after a dropped connection
     -> {"type": "watch", "id": "live-…", "after": 3}                follow a reply without owning it
+    -> {"type": "begin", "id": "live-…", "message": "…", …}         the page's Chat tab: start a reply
+                                                                    its Gradio turn takes over (chat/early_reply.py)
 
 Each reply goes through the one reply pipeline (`ChatService.reply`) in a server-side task that
 writes its events into a `ReplyLog` (chat/reply_log.py); sockets only follow logs. So a connection
@@ -35,9 +37,11 @@ from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
+from chat import early_reply
 from chat.api_schema import (
     REQUEST,
     ApiError,
+    BeginRequest,
     CancelRequest,
     ChatRequest,
     ResumeRequest,
@@ -158,6 +162,8 @@ class Connection:
                 self.service.stop(stop_key(request.id))
             elif isinstance(request, WatchRequest):
                 self.watch(request)
+            elif isinstance(request, BeginRequest):
+                self.begin(request)
             else:
                 self.resume(request)
         except ChatError as exc:
@@ -171,8 +177,7 @@ class Connection:
         earlier = self.store.get(request_id)
         if earlier is not None and earlier.running:
             raise ApiError("duplicate_id", f"A reply with id {request_id!r} is still running; use a new id or cancel it first.")
-        if sum(1 for t in self._forwarders if not t.done()) >= MAX_RUNNING_PER_SOCKET:
-            raise ApiError("busy", f"At most {MAX_RUNNING_PER_SOCKET} replies can run at once on one connection; wait for one to finish.")
+        self.check_room()
         reply_log = ReplyLog(request_id)
         reply_log.owner = self
         reply_log.task = asyncio.get_running_loop().create_task(
@@ -180,6 +185,18 @@ class Connection:
         )
         self.store.add(reply_log)
         self.follow(reply_log, 0)
+
+    def check_room(self) -> None:
+        if sum(1 for t in self._forwarders if not t.done()) >= MAX_RUNNING_PER_SOCKET:
+            raise ApiError("busy", f"At most {MAX_RUNNING_PER_SOCKET} replies can run at once on one connection; wait for one to finish.")
+
+    def begin(self, request: BeginRequest) -> None:
+        if self.store.get(request.id) is not None:
+            raise ApiError("duplicate_id", f"There is already a reply with id {request.id!r}; use a new id.")
+        self.check_room()
+        asked = ReplyRequest(request.message, request.history, preset=request.preset,
+                             system_prompt=request.system_prompt, sampling=request.sampling)
+        self.follow(early_reply.begin(self.service, request.id, asked, owner=self), 0)
 
     def resume(self, request: ResumeRequest) -> None:
         reply_log = self.store.get(request.id)

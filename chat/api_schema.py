@@ -49,7 +49,20 @@ class WatchRequest(_Strict):
     after: Annotated[int, Field(ge=-1)] = -1  # index of the last delta already shown
 
 
-Request = Annotated[ChatRequest | CancelRequest | ResumeRequest | WatchRequest, Field(discriminator="type")]
+class BeginRequest(_Strict):
+    """The page's Chat tab: start the reply to a typed message now, into a live log with the page's id,
+    for the Gradio turn sent with it to take over (chat/early_reply.py). The fields are the turn's own inputs."""
+
+    type: Literal["begin"]
+    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # early_reply.PAGE_LOG_ID
+    message: str
+    history: list[dict[str, Any]] = []  # the chat as the page holds it (Gradio's messages)
+    preset: str | None = None
+    system_prompt: str | None = None
+    sampling: dict[str, Any] = {}
+
+
+Request = Annotated[ChatRequest | CancelRequest | ResumeRequest | WatchRequest | BeginRequest, Field(discriminator="type")]
 REQUEST = TypeAdapter(Request)
 
 

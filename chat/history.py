@@ -18,8 +18,8 @@ MAX_MESSAGE_CHARS = 100_000  # far beyond any context window here; stops megabyt
 
 def is_annotation(message: Mapping[str, Any]) -> bool:
     """True for the stats, progress and error lines the app adds beneath replies."""
-    metadata = message.get("metadata") or {}
-    return bool(metadata.get("title"))
+    metadata = message.get("metadata")
+    return isinstance(metadata, Mapping) and bool(metadata.get("title"))
 
 
 def clean_text(text: str) -> str:

@@ -62,6 +62,12 @@ REJECTED = Counter(
     "Requests refused before generating, by reason: busy, input (too long), or the error's kind.",
     ["preset", "reason"],
 )
+EARLY_REPLIES = Counter(
+    "chat_early_replies_total",
+    "Chat-tab replies a page began before Gradio ran the turn (chat/early_reply.py), by what became of "
+    "them: claimed (the turn took it over), other_inputs, unclaimed, or missing (a turn found none).",
+    ["outcome"],
+)
 ENGINE_RESTARTS = Counter("chat_engine_restarts_total", "Engines restarted after their process died.", ["preset"])
 UI_WORKER_UP = Gauge("chat_ui_worker_up", "1 while the UI worker serves, 0 while it starts or is replaced.",
                      ["ui_worker"], multiprocess_mode="mostrecent")
@@ -81,6 +87,10 @@ def reply_finished(stats: ReplyStats) -> None:
 
 def rejected(preset: str, reason: str) -> None:
     REJECTED.labels(preset, reason).inc()
+
+
+def early_reply(outcome: str) -> None:
+    EARLY_REPLIES.labels(outcome).inc()
 
 
 def _registry() -> CollectorRegistry:

@@ -1,20 +1,25 @@
-"""The events of API replies, kept so that a client whose connection dropped can resume them.
+"""The events of replies that sockets follow, kept so that a client whose connection dropped can resume them.
 
 Each reply writes its events into a `ReplyLog`, apart from any socket; sockets only follow logs,
 from any position. Finished replies stay in the `ReplyStore` for a while, so a client that
-reconnects gets what it missed without the reply being generated twice.
+reconnects gets what it missed without the reply being generated twice. The WebSocket API's
+replies write whole events; a page's replies go through `LiveText` (the text as deltas, for the
+page's script: chat/ui/live.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 GRACE_S = 30.0  # a dropped connection's replies keep running this long, waiting to be resumed
 KEEP_S = 120.0  # a finished reply's events stay resumable this long
 KEEP_MAX = 256  # and at most this many finished replies are kept
+REDRAW_S = 1.0  # Gradio redraws a page's live reply at most this often (the page's box shows the rest)
+LINE_EVERY_S = 0.1  # the line beneath a page's live reply travels with its text at most this often
 
 
 class ReplyLog:
@@ -28,6 +33,7 @@ class ReplyLog:
         self.owner: object | None = None  # the connection whose closing aborts this reply
         self.abandon: asyncio.TimerHandle | None = None  # set while it waits to be resumed
         self.cancelled_as = "stopped_by_user"  # the finish reported if its task is cancelled
+        self.early: object | None = None  # a reply a page began, until its turn claims it (chat/early_reply.py)
         self._grew = asyncio.Event()
 
     @property
@@ -97,3 +103,40 @@ class ReplyStore:
         for i, reply_log in enumerate(ended):
             if now - (reply_log.ended_at or now) > self.keep_s or i < len(ended) - self.keep_max:
                 del self._logs[reply_log.id]
+
+
+class LiveText:
+    """One reply's text as the page follows it: deltas in a log, Gradio redraws now and then."""
+
+    def __init__(self, store: ReplyStore, redraw_s: float = REDRAW_S, log_id: str | None = None) -> None:
+        self.log = ReplyLog(log_id or f"live-{uuid.uuid4().hex}")
+        store.add(self.log)
+        self.redraw_s = redraw_s
+        self.sent = 0  # characters of the reply written into the log
+        self.deltas = 0
+        self._drawn_at = self._line_at = float("-inf")
+
+    def write(self, text: str, line: str | None = None) -> None:
+        """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
+        reply as it stands now (`line`, where the page may show it: see `messages.live_line`), at most ten
+        times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
+        if len(text) > self.sent:
+            extra = {}
+            now = time.monotonic()
+            if line is not None and now - self._line_at >= LINE_EVERY_S:
+                extra["line"], self._line_at = line, now
+            self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
+            self.sent, self.deltas = len(text), self.deltas + 1
+
+    def redraw_due(self) -> bool:
+        """Whether Gradio should redraw now (the first text at once, then every `redraw_s`)."""
+        now = time.monotonic()
+        if now - self._drawn_at < self.redraw_s:
+            return False
+        self._drawn_at = now
+        return True
+
+    def end(self) -> None:
+        if self.log.running:
+            self.log.add("done")
+            self.log.end()

@@ -98,6 +98,7 @@ class _Ticket:
     def __init__(self) -> None:
         self.stopped = False
         self.reply: Reply | None = None
+        self.keys: set[str] = set()  # the stop keys that reach it
 
     def stop(self) -> None:
         self.stopped = True
@@ -201,7 +202,7 @@ class ChatService:
         finally:
             if engine is not None:
                 engine.replies -= 1
-            self._release(request.stop_key, ticket)
+            self._release(ticket)
             if ticket.reply is not None and ticket.reply.stats is not None:
                 metrics.reply_finished(ticket.reply.stats)
 
@@ -239,18 +240,26 @@ class ChatService:
             ticket.stop()
         return True
 
-    def _issue(self, key: str | None) -> _Ticket:
-        ticket = _Ticket()
+    def stop_also_by(self, key: str, other: str | None) -> None:
+        """Let stop key `other` stop the replies `key` stops, too (a reply a page began before its
+        turn, once the turn takes it over: chat/early_reply.py)."""
+        for ticket in list(self._tickets.get(key, ())):
+            self._issue(other, ticket)
+
+    def _issue(self, key: str | None, ticket: _Ticket | None = None) -> _Ticket:
+        ticket = ticket or _Ticket()
         if key:
             self._tickets.setdefault(key, set()).add(ticket)
+            ticket.keys.add(key)
         return ticket
 
-    def _release(self, key: str | None, ticket: _Ticket) -> None:
-        tickets = self._tickets.get(key or "")
-        if tickets is not None:
-            tickets.discard(ticket)
-            if not tickets:
-                del self._tickets[key or ""]
+    def _release(self, ticket: _Ticket) -> None:
+        for key in ticket.keys:
+            tickets = self._tickets.get(key)
+            if tickets is not None:
+                tickets.discard(ticket)
+                if not tickets:
+                    del self._tickets[key]
 
 
 def _reason(exc: ChatError) -> str:

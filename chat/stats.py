@@ -15,6 +15,7 @@ from typing import Any
 
 from chat.sampling import KNOBS, Sampling
 
+READING = "Reading your message…"  # the line beneath a reply before its first token
 REPLIED = "replied after"
 """How the stats line begins once a reply has its first token; tests and benches wait for it."""
 SUMMARY = re.compile(
@@ -161,7 +162,7 @@ class ReplyProgress:
         if self.waiting_for:
             return f"Waiting for {self.waiting_for}… {elapsed}"
         if self.first_token_at is None:
-            return f"Reading your message… {elapsed}"
+            return f"{READING} {elapsed}"
         percent = 100 * self.tokens / self.max_tokens
         return f"Writing… {elapsed} · {_count(self.tokens, 'token')} · {percent:.0f}% of Max tokens"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import html
 import inspect
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -13,15 +14,17 @@ from typing import Any
 
 import gradio as gr
 
+from chat import early_reply
 from chat.errors import ChatError
 from chat.history import text_of
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
-from chat.service import ChatService, ReplyRequest
+from chat.service import ChatService, ReplyEvent, ReplyRequest
+from chat.stats import READING
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
 from chat.ui.gradio_internals import ChatParts, chat_parts
 from chat.ui.live import live_reply
-from chat.ui.messages import conversation_file, event_messages
+from chat.ui.messages import conversation_file, event_messages, live_messages
 from chat.ui.preset_card import preset_card
 
 log = logging.getLogger(__name__)
@@ -140,8 +143,14 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     parts = chat_parts(chat)
     chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
     chat.new_chat_button.parent.elem_id = "chat-history"
+    # The page begins the reply over its socket as it sends the turn (chat/early_reply.py), unless
+    # turns wait their turn here: a reply begun at once would not.
+    inputs = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
+    begin = None if concurrency_limit is not None else (
+        f"(...values) => window.chatLive ? window.chatLive.begin(values.slice(0, {len(inputs)}), {json.dumps(KNOB_NAMES)})"
+        f" : values.slice(0, {len(inputs)})")
     textbox.submit(
-        typed_turn(respond, chatbot), [textbox, chatbot, *settings.inputs], [textbox, chatbot, parts.history],
+        typed_turn(service, chatbot), inputs, [textbox, chatbot, parts.history], js=begin,
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
@@ -161,40 +170,60 @@ def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMes
         *knob_values: float,
     ) -> AsyncIterator[list[gr.ChatMessage]]:
         # Gradio passes the request where the signature names it; only parameters before *args count.
-        ask = ReplyRequest(
-            message, history, preset=preset_name, system_prompt=system_prompt,
-            sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
-        )
-        async with contextlib.aclosing(live_reply(service.reply(ask), service.logs, request)) as events:
-            async for event, live_id in events:
-                yield event_messages(event, live_id)
+        ask = reply_request(message, history, request, preset_name, system_prompt, knob_values)
+        async for messages in reply_messages(service, ask, request):
+            yield messages
 
     name_knob_parameters(respond)
     return respond
 
 
-def typed_turn(respond: Callable[..., AsyncIterator[list[gr.ChatMessage]]],
-               chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
+def reply_request(message: str, history: list[dict[str, Any]], request: gr.Request, preset_name: str,
+                  system_prompt: str, knob_values: tuple[float, ...] | list[float]) -> ReplyRequest:
+    return ReplyRequest(
+        message, history, preset=preset_name, system_prompt=system_prompt,
+        sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
+    )
+
+
+async def reply_messages(service: ChatService, ask: ReplyRequest, request: gr.Request,
+                         early: early_reply.EarlyReply | None = None) -> AsyncIterator[list[gr.ChatMessage]]:
+    """The reply as chat messages, from the pipeline or from the reply the page began (`early`)."""
+    events: AsyncIterator[ReplyEvent] = early.events() if early is not None else service.reply(ask)
+    live = live_reply(events, service.logs, request, early.live if early is not None else None)
+    async with contextlib.aclosing(live) as shown:
+        async for event, live_id in shown:
+            yield event_messages(event, live_id)
+
+
+def typed_turn(service: ChatService, chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
     async def turn(
         message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
-        *knob_values: float,
+        *values: Any,
     ) -> AsyncIterator[tuple[Any, Any, Any]]:
         """A message typed on the page, the whole turn in one queued event: the message box, the
-        chat, and (at the end) the server's copy of the chat."""
+        chat, and (at the end) the server's copy of the chat. The last value is the id of the reply
+        the page began for it (chat/early_reply.py), or empty."""
+        *knob_values, began = values
         if not str(message).strip():
             gr.Warning("Type a message first.")
             yield gr.skip(), gr.skip(), gr.skip()
             return
+        ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
+        early = early_reply.claim(service, began, ask) if isinstance(began, str) and began else None
         asked = [*(history or []), {"role": "user", "content": message}]
-        yield gr.update(value="", interactive=False), asked, gr.skip()
+        # A reply the page began is under way: its box goes on the page now, to be filled as the
+        # text arrives over the socket, without waiting for Gradio to redraw the chat.
+        begun = live_messages(early.live.log.id, "", READING) if early is not None else []
+        yield gr.update(value="", interactive=False), [*asked, *begun], gr.skip()
         reply: list[gr.ChatMessage] = []
-        async for reply in respond(message, history or [], request, preset_name, system_prompt, *knob_values):
+        async for reply in reply_messages(service, ask, request, early):
             yield gr.skip(), [*asked, *reply], gr.skip()
         done = [*asked, *reply]
         # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
         yield gr.update(interactive=True), done, chatbot.preprocess(chatbot.postprocess(done))
 
-    name_knob_parameters(turn)
+    name_knob_parameters(turn, then=["began"])
     return turn
 
 
@@ -287,13 +316,15 @@ def undone_message(undone: gr.UndoData) -> str:
     return text_of(undone.value)
 
 
-def name_knob_parameters(fn: Callable[..., Any]) -> None:
-    """Give `fn(..., *knob_values)` one named parameter per knob, as Gradio reads signatures: the
-    API then takes `temperature=0.2` by name, and a gr.Request parameter keeps its position."""
+def name_knob_parameters(fn: Callable[..., Any], then: list[str] | None = None) -> None:
+    """Give `fn(..., *values)` one named parameter per knob (and after them those named in `then`),
+    as Gradio reads signatures: the API then takes `temperature=0.2` by name, and a gr.Request
+    parameter keeps its position."""
     signature = inspect.signature(fn)
     fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
     knobs = [inspect.Parameter(knob.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=knob.kind) for knob in KNOBS]
-    fn.__signature__ = signature.replace(parameters=[*fixed, *knobs])  # type: ignore[attr-defined]
+    more = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in then or []]
+    fn.__signature__ = signature.replace(parameters=[*fixed, *knobs, *more])  # type: ignore[attr-defined]
 
 
 def stop_key(request: gr.Request) -> str:

@@ -1,6 +1,7 @@
 // Live reply text: follow replies over the page's WebSocket (/chat, "watch") and render each one as
 // Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
-// chat/ui/live.py explains why. window.chatLive.render is the renderer, for the browser tests.
+// chat/ui/live.py explains why. window.chatLive.begin starts a typed message's reply (chat/early_reply.py);
+// render and connected are for the browser tests.
 (() => {
   const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean}
   let socket = null;
@@ -192,6 +193,24 @@
     };
   }
 
+  // A typed message: its reply starts over the socket now, and the Gradio turn sent with the
+  // returned inputs (the reply's id last) takes it over (chat/early_reply.py). `inputs` are the
+  // turn's: the message, the chat, the preset, the system prompt, the knobs named in `knobs`, and
+  // a slot for the id (left empty when the socket is not open).
+  function begin(inputs, knobs) {
+    const values = inputs.slice(0, -1);
+    const [message, history, preset, systemPrompt, ...knobValues] = values;
+    if (!socket || socket.readyState !== WebSocket.OPEN || retry >= GIVE_UP || !String(message ?? "").trim()) {
+      return [...values, ""];
+    }
+    const bytes = crypto.getRandomValues(new Uint8Array(16)); // randomUUID needs https
+    const id = "live-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+    replies.set(id, { deltas: [], done: false });
+    const sampling = Object.fromEntries(knobs.map((name, i) => [name, knobValues[i]]));
+    send({ type: "begin", id, message, history: history || [], preset, system_prompt: systemPrompt, sampling });
+    return [...values, id];
+  }
+
   // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
   // painted, so a redraw never shows an empty box).
   function follow() {
@@ -217,7 +236,8 @@
     }
   }
 
-  window.chatLive = { render, settled };
+  const connected = () => socket !== null && socket.readyState === WebSocket.OPEN; // for the browser tests
+  window.chatLive = { render, settled, begin, connected };
   new MutationObserver(follow).observe(document.documentElement, { childList: true, subtree: true });
   connect(); // now, so that the first reply's text is drawn from its first piece
 })();

@@ -26,9 +26,7 @@ comparison's turn, and each gives back only what Gradio should draw, with the lo
 from __future__ import annotations
 
 import contextlib
-import time
-import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 
 import gradio as gr
@@ -37,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from chat.compare_service import Begun, CompareEvent, Ended, Redraw, Wrote
-from chat.reply_log import ReplyLog, ReplyStore
+from chat.reply_log import REDRAW_S, LiveText, ReplyStore
 from chat.service import ReplyEvent, Writing
 
 _HERE = Path(__file__).parent
@@ -49,8 +47,6 @@ MARKED = (_HERE / "vendor" / "marked-12.0.2.min.js").read_text(encoding="utf-8")
 MARKED_PATH = "page/marked-12.0.2.js"
 SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
 HEAD = f'<script defer src="{MARKED_PATH}"></script><script>{SCRIPT}</script>'
-REDRAW_S = 1.0  # Gradio redraws a live reply at most this often (the box shows the rest)
-LINE_EVERY_S = 0.1  # the line beneath a reply travels with its text at most this often
 
 
 def routes() -> list[Route]:
@@ -69,54 +65,19 @@ def is_browser(request: gr.Request | None) -> bool:
     return request is not None and request.headers.get("x-gradio-user") != "api"
 
 
-class LiveText:
-    """One reply's text as the page follows it: deltas in a log, Gradio redraws now and then."""
-
-    def __init__(self, store: ReplyStore, redraw_s: float = REDRAW_S) -> None:
-        self.log = ReplyLog(f"live-{uuid.uuid4().hex}")
-        store.add(self.log)
-        self.redraw_s = redraw_s
-        self.sent = 0  # characters of the reply written into the log
-        self.deltas = 0
-        self._drawn_at = self._line_at = float("-inf")
-
-    def write(self, text: str, line: str | None = None) -> None:
-        """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
-        reply as it stands now (`line`, where the page may show it: see `messages.live_line`), at most ten
-        times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
-        if len(text) > self.sent:
-            extra = {}
-            now = time.monotonic()
-            if line is not None and now - self._line_at >= LINE_EVERY_S:
-                extra["line"], self._line_at = line, now
-            self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
-            self.sent, self.deltas = len(text), self.deltas + 1
-
-    def redraw_due(self) -> bool:
-        """Whether Gradio should redraw now (the first text at once, then every `redraw_s`)."""
-        now = time.monotonic()
-        if now - self._drawn_at < self.redraw_s:
-            return False
-        self._drawn_at = now
-        return True
-
-    def end(self) -> None:
-        if self.log.running:
-            self.log.add("done")
-            self.log.end()
-
-
-async def live_reply(events: AsyncGenerator[ReplyEvent, None], store: ReplyStore,
-                     request: gr.Request | None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
+async def live_reply(events: AsyncIterator[ReplyEvent], store: ReplyStore, request: gr.Request | None,
+                     begun: LiveText | None = None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
     """The Chat tab's reply (`ChatService.reply`'s events) as Gradio should draw it, each with the id
     of the log a page follows (None for the API, which gets every event): for a page, every piece of
-    text goes into the log and only the redraws that are due come through. Closing it closes `events`."""
-    live = LiveText(store) if is_browser(request) else None
+    text goes into the log and only the redraws that are due come through. `begun`: the live text of
+    a reply the page began (chat/early_reply.py), whose text is in its log already. Closing it closes `events`."""
+    live = begun or (LiveText(store) if is_browser(request) else None)
     try:
-        async with contextlib.aclosing(events):
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
             async for event in events:
                 if live is not None and isinstance(event, Writing):
-                    live.write(event.reply.text, event.line)
+                    if begun is None:
+                        live.write(event.reply.text, event.line)
                     if not live.redraw_due():
                         continue
                 yield event, live.log.id if live is not None else None

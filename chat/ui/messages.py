@@ -54,8 +54,8 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
 
 # The box the page renders a reply's live text into, as it appears in the reply's Markdown: in class
 # names, because Gradio's HTML sanitiser keeps classes and drops data- attributes; a blank line after
-# it, so the text is Markdown again.
-PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n')
+# it, so the text is Markdown again (Gradio drops it where no text follows yet).
+PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n)?')
 
 
 def live_body(live_id: str, shown: str) -> str:
@@ -75,9 +75,7 @@ def event_messages(event: ReplyEvent, live_id: str | None = None) -> list[gr.Cha
     if isinstance(event, Waiting):
         return [annotation(f"{WAITING} {event.status}", pending=True)]
     if isinstance(event, Writing) and live_id is not None:
-        body = live_body(live_id, shown_text(event.reply.text))
-        return [gr.ChatMessage(role="assistant", content=body),
-                annotation(f"{WAITING} {live_line(live_id, event.line)}", pending=True)]
+        return live_messages(live_id, event.reply.text, event.line)
     if isinstance(event, Writing):
         return reply_messages(event.reply, annotation(f"{WAITING} {event.line}", pending=True))
     if isinstance(event, Finished):
@@ -85,6 +83,13 @@ def event_messages(event: ReplyEvent, live_id: str | None = None) -> list[gr.Cha
         return reply_messages(event.reply, stats_annotation(event.reply.stats, event.reply.notice))
     mark = STOPPED if isinstance(event.error, Stopped) else PROBLEM
     return reply_messages(event.reply, annotation(f"{mark} {event.error.message}"))
+
+
+def live_messages(live_id: str, text: str, line: str) -> list[gr.ChatMessage]:
+    """A reply being written, for a page: the box its text is rendered into (with the text so far
+    after it, for a page whose script failed), and the line beneath it."""
+    return [gr.ChatMessage(role="assistant", content=live_body(live_id, shown_text(text))),
+            annotation(f"{WAITING} {live_line(live_id, line)}", pending=True)]
 
 
 def stats_annotation(stats: ReplyStats, notice: str | None = None) -> gr.ChatMessage:

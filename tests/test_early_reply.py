@@ -1,0 +1,149 @@
+"""A Chat-tab reply the page begins over its socket before Gradio runs the turn (chat/early_reply.py):
+taken over by the turn only when asked for exactly the same, ended when nobody takes it over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import urllib.request
+
+import pytest
+import websockets
+
+from chat.client import websocket_url
+from chat.early_reply import claim, same_turn
+from chat.reply_log import ReplyStore
+from chat.service import ReplyRequest
+from chat.stats import REPLIED
+from tests.test_api import IDLE, events_of, idle, next_error
+from tests.test_browser import REPLY_TITLE, send, watch_reply
+
+
+def early_replies(app, outcome: str) -> float:
+    with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
+        found = re.search(rf'^chat_early_replies_total{{outcome="{outcome}"}} (\S+)$', response.read().decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def new_id() -> str:
+    return f"live-{secrets.token_hex(16)}"
+
+
+@pytest.mark.unit
+def test_a_turn_takes_over_only_a_reply_begun_for_exactly_its_inputs():
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    asked = ReplyRequest("And now?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7},
+                         stop_key="early:x", submitted_at=1.0)
+    same = ReplyRequest("And now?", [dict(m) for m in history], preset="p", system_prompt="Be brief.",
+                        sampling={"temperature": 0.7}, stop_key="chat:y", submitted_at=2.0)
+    assert same_turn(asked, same)
+    for other in (ReplyRequest("And then?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7}),
+                  ReplyRequest("And now?", history[:1], preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7}),
+                  ReplyRequest("And now?", history, preset="q", system_prompt="Be brief.", sampling={"temperature": 0.7}),
+                  ReplyRequest("And now?", history, preset="p", system_prompt="", sampling={"temperature": 0.7}),
+                  ReplyRequest("And now?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.8})):
+        assert not same_turn(asked, other), other
+
+
+@pytest.mark.unit
+def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_never_left_to_run():
+    """The socket and Gradio's request are two connections: the turn may be run first. Then the id
+    is taken (the socket's `begin` is refused as a duplicate: chat/api.py) and the turn writes its own."""
+    class Service:  # only what `claim` touches before the reply exists: the logs
+        logs = ReplyStore()
+
+    log_id = new_id()
+    assert claim(Service(), log_id, ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    taken = Service.logs.get(log_id)
+    assert taken is not None and not taken.running and taken.early is None
+    assert claim(Service(), "live-not-a-page-id", ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    assert Service.logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
+
+
+def begin(log_id: str, message: str, max_tokens: int = 400) -> str:
+    return json.dumps({"type": "begin", "id": log_id, "message": message, "history": [], "preset": None,
+                       "system_prompt": None, "sampling": {"temperature": 0.0, "max_tokens": max_tokens}})
+
+
+@pytest.mark.app
+async def test_a_begun_reply_streams_to_its_socket_and_ends_when_the_socket_closes(app_server):
+    log_id = new_id()
+    async with websockets.connect(websocket_url(app_server.url)) as ws:
+        await ws.send(begin(log_id, "Write a very long story about a dragon."))
+        got = 0
+        async with asyncio.timeout(60):
+            while got < 3:
+                event = json.loads(await ws.recv())
+                assert event["id"] == log_id and event["type"] == "delta", event
+                got += 1
+        await ws.send(begin(log_id, "Again."))
+        assert (await next_error(ws))["code"] == "duplicate_id"
+    assert await idle(app_server) == IDLE  # nobody took it over: its socket's closing ended it
+
+
+@pytest.mark.app
+async def test_only_a_page_s_kind_of_id_can_be_begun(app_server):
+    async with websockets.connect(websocket_url(app_server.url)) as ws:
+        for log_id in ("api-1", "live-../../x", new_id().upper()):
+            await ws.send(begin(log_id, "Hi"))
+            assert (await next_error(ws))["code"] == "bad_request"
+        await ws.send(begin(log_id := new_id(), "Say hi.", max_tokens=4))
+        assert (await events_of(ws, log_id))[-1]["type"] == "done"
+
+
+@pytest.mark.app
+async def test_junk_in_a_begun_turn_gets_a_sentence_and_the_socket_keeps_serving(app_server):
+    junk_history = [{"role": 5, "content": {"type": "text", "text": 7}}, {"role": "user", "content": [1, None, {"x": []}]},
+                    {"role": "assistant", "content": "ok", "metadata": 5}, {}]
+    async with websockets.connect(websocket_url(app_server.url)) as ws:
+        for fields in ({"message": ""}, {"message": "Hi", "history": "no"}, {"message": "Hi", "history": [1, 2]},
+                       {"message": "Hi", "preset": "No such preset"}, {"message": "Hi", "sampling": {"temperature": "hot"}},
+                       {"message": "Hi", "extra": 1}, {"message": 5}):
+            body = {"type": "begin", "id": (log_id := new_id()), **fields}
+            await ws.send(json.dumps(body))
+            event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert event["type"] == "error" and event["message"] and "Traceback" not in event["message"], (fields, event)
+        await ws.send(json.dumps({"type": "begin", "id": (log_id := new_id()), "message": "Say hi.", "history": junk_history,
+                                  "sampling": {"max_tokens": 4}}))
+        assert (await events_of(ws, log_id))[-1]["type"] == "done"
+
+
+def ready_page(page) -> None:
+    page.wait_for_function("window.chatLive.connected()")
+
+
+@pytest.mark.browser
+def test_a_typed_message_starts_its_reply_before_gradio_runs_the_turn(page, app_server):
+    before = {outcome: early_replies(app_server, outcome) for outcome in ("claimed", "missing", "other_inputs")}
+    ready_page(page)
+    send(page, "Say hi.", max_tokens=24)
+    watch_reply(page, REPLIED)
+    send(page, "And again.")  # with the first turn in the chat, as the page holds it
+    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2"
+                           f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})")
+    after = {outcome: early_replies(app_server, outcome) for outcome in before}
+    assert after == {**before, "claimed": before["claimed"] + 2}
+    app_server.wait_idle()
+
+
+@pytest.mark.browser
+def test_a_reply_begun_for_other_inputs_is_dropped_and_the_turn_writes_its_own(page, app_server):
+    """Whatever the socket carried, the reply shown is the one Gradio's turn asked for."""
+    page.add_init_script("""(() => {
+      const send = WebSocket.prototype.send;
+      WebSocket.prototype.send = function (data) {
+        return send.call(this, String(data).replace('"message":"Say hi."', '"message":"Count to 50."'));
+      };
+    })()""")
+    page.reload()
+    page.wait_for_selector("#message textarea")
+    ready_page(page)
+    other_inputs = early_replies(app_server, "other_inputs")
+    send(page, "Say hi.", max_tokens=24)
+    watch_reply(page, REPLIED)
+    assert early_replies(app_server, "other_inputs") == other_inputs + 1
+    body = app_server.wait_idle()
+    assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
+

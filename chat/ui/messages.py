@@ -54,14 +54,16 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
 
 # The box the page renders a reply's live text into, as it appears in the reply's Markdown: in class
 # names, because Gradio's HTML sanitiser keeps classes and drops data- attributes; a blank line after
-# it, so the text is Markdown again (Gradio drops it where no text follows yet).
-PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n)?')
+# it, so the text is Markdown again. Before the reply has any text, words for screen readers stand
+# in for it (a message without text is a nameless element to them; style.py hides the words).
+NO_TEXT_YET = '<span class="live-pending">Writing…</span>'
+PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n(?:' + re.escape(NO_TEXT_YET) + ")?")
 
 
 def live_body(live_id: str, shown: str) -> str:
     """A reply's message while it is written: the box the page renders the live text of the log
     `live_id` into, then `shown` (the reply so far, as displayed), which the page hides while the box has text."""
-    return f'<div class="live-reply stream-{html.escape(live_id)}"></div>\n\n{shown}'
+    return f'<div class="live-reply stream-{html.escape(live_id)}"></div>\n\n{shown or NO_TEXT_YET}'
 
 
 def live_line(live_id: str, line: str) -> str:

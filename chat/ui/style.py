@@ -109,6 +109,7 @@ html { scrollbar-gutter: stable; }
    after the box, drawn now and then, shows only while the box is empty (until the first text comes,
    or where the page's script cannot follow the text). */
 .live-reply:not(:empty) ~ * { display: none !important; }
+.live-pending { position: absolute; width: 1px; height: 1px; overflow: hidden; clip-path: inset(50%); white-space: nowrap; }
 /* The chat's settings sit to its right on a wide screen (they come first in the page so that the
    chat finds its inputs already made). */
 #chat-layout { flex-wrap: nowrap; }

@@ -84,14 +84,14 @@ async def open_tab(http: httpx.AsyncClient, url: str, page: Page, protocol: str)
     """A tab with its page loaded (and so its UI worker's cookie), before its turn's clock starts."""
     tab = Tab(http, url, page, program=protocol == "api")
     await tab.pin()
-    if protocol == "browser":
+    if protocol == "browser":  # "browser-late": a page whose socket is not open yet (its turn starts the reply)
         await tab.connect()
     return tab
 
 
 async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request,
-                       tab: Tab | None = None) -> Turn:
-    tab = tab or await open_tab(http, url, page, "browser")
+                       tab: Tab | None = None, protocol: str = "browser") -> Turn:
+    tab = tab or await open_tab(http, url, page, protocol)
     for elem_id, value in request.settings.items():
         tab.set(elem_id, value)
     if request.history:
@@ -143,8 +143,8 @@ async def ws_turn(url: str, index: int, request: Request, preset: str, sampling:
 def _take(http: httpx.AsyncClient, url: str, page: Page | None, protocol: str, index: int, request: Request,
           ws: dict[str, Any], tab: Tab | None = None) -> Any:
     """One turn through `protocol`'s door (a coroutine); `tab`: one already open for it."""
-    if protocol == "browser":
-        return browser_turn(http, url, page, index, request, tab)
+    if protocol in ("browser", "browser-late"):
+        return browser_turn(http, url, page, index, request, tab, protocol)
     if protocol == "api":
         return api_turn(http, url, page, index, request, tab)
     return ws_turn(url, index, request, ws["preset"], ws["sampling"])

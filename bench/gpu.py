@@ -51,6 +51,7 @@ class AppVariant:
     browser: bool = False  # also as a browser uses it: the Chat tab's events and live text ("NAME-browser")
     ui_workers: int | None = None  # app.py --ui-workers; None: the app's own choice
     api: bool = True  # also measure Gradio's /chat endpoint as gradio_client uses it ("NAME")
+    late: bool = False  # with browser: also one stream from pages whose socket is not open yet ("NAME-browser-late")
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -62,7 +63,7 @@ class AppVariant:
                 variant.levels = tuple(int(x) for x in value.split("/"))
             elif key in ("max_threads", "flush_ms", "ui_workers"):
                 setattr(variant, key, int(value))
-            elif key in ("ws", "browser", "api"):
+            elif key in ("ws", "browser", "api", "late"):
                 setattr(variant, key, value not in ("0", "false", "no"))
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
@@ -138,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
-                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:api=0]; "
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:late=1][:api=0]; "
                          "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
     ap.add_argument("--mixed", default="", help="CHAT:VISITORS: after the closed loop, a burst of CHAT browser "
                     "streams while VISITORS compare the preset with one on another engine (e.g. 128:16)")
@@ -190,6 +191,10 @@ def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str],
             browser = browser_path(app, count, args.context_lines, args.client_procs)
             browser.notes["levels"] = variant.levels
             apps.append(browser)
+        if variant.browser and variant.late:
+            late = browser_path(app, count, args.context_lines, args.client_procs, late=True)
+            late.notes["levels"] = (1,)  # one stream's first token, before and after chat/early_reply.py
+            apps.append(late)
     return raw, apps
 
 

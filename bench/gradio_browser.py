@@ -42,6 +42,7 @@ class Event:
     only_on_failure: bool
     backend: bool
     api_name: str | None
+    begins: bool = False  # its page-side script begins the reply over the socket (live.js's chatLive.begin)
 
 
 class Page:
@@ -64,7 +65,8 @@ class Page:
         for d in config["dependencies"]:
             event = Event(d["id"], tuple(d["inputs"]), tuple(d["outputs"]), bool(d["queue"]),
                           bool(d["types"]["generator"]), d.get("trigger_after"), bool(d.get("trigger_only_on_success")),
-                          bool(d.get("trigger_only_on_failure")), bool(d["backend_fn"]), d.get("api_name"))
+                          bool(d.get("trigger_only_on_failure")), bool(d["backend_fn"]), d.get("api_name"),
+                          "chatLive.begin" in (d.get("js") or ""))
             self.events[event.id] = event
             if event.after is not None:
                 self.followers[event.after].append(event)
@@ -177,7 +179,7 @@ class Tab:
     async def _begin(self, event: Event, data: list[Any]) -> None:
         """What live.js does as a typed message is sent: begin its reply over the socket, its id the
         turn's last input (when the page has that input and its socket is open)."""
-        if self._socket is None or not event.inputs or event.inputs[-1] != self.page.elem_ids.get("began"):
+        if self._socket is None or not event.begins:
             return
         message, history, preset, system_prompt, *knobs = data[:-1]
         data[-1] = log_id = f"live-{secrets.token_hex(16)}"

@@ -140,10 +140,14 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
     return target
 
 
-def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1) -> Target:
+def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1,
+                 late: bool = False) -> Target:
     """The same app server (and engine) as `app`, used as a browser uses it: the Chat tab's own
     events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py);
-    bursts (closed loop) or steady arrivals (`rate`), each turn a new tab."""
+    bursts (closed loop) or steady arrivals (`rate`), each turn a new tab. `late`: pages whose
+    socket is not open yet when Enter is pressed, so that Gradio's turn starts the reply (as every
+    turn did before a page began its reply over the socket: chat/early_reply.py)."""
+    protocol = "browser-late" if late else "browser"
     from bench.frontend_client import Request, take_turns
 
     url = app.notes["url"]
@@ -152,7 +156,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
         asks = [Request(user_message(first + i, context_lines), max_tokens, [], {"knob-max_tokens": max_tokens})
                 for i in range(requests)]
         timelines = []
-        for turn in take_turns(url, "browser", asks, concurrency=concurrency, rate=rate,
+        for turn in take_turns(url, protocol, asks, concurrency=concurrency, rate=rate,
                                procs=client_procs if concurrency >= 16 or rate else 1):
             timeline = Timeline(started=turn.started, tokens=max_tokens, handler_started=turn.process_started)
             grew = [(t, length) for (t, length), (_, before) in zip(turn.updates, [(0, 0), *turn.updates], strict=False)
@@ -166,7 +170,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
             timelines.append(timeline)
         return timelines
 
-    target = Target(f"{app.name}-browser", [], app.frontend_pids, run)
+    target = Target(f"{app.name}-{protocol}", [], app.frontend_pids, run)
     target.notes = {"url": url, "shares_server_with": app.name}
     return target
 

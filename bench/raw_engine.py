@@ -83,7 +83,7 @@ def sampling(max_tokens: int) -> Any:
 async def prompts(llm: Any, first: int, count: int, context_lines: int) -> list[Any]:
     from chat.engine import Engine
 
-    shim = cast(Engine, SimpleNamespace(llm=llm, _running=lambda: llm))  # rendering only needs the AsyncLLM
+    shim = cast(Engine, SimpleNamespace(llm=llm, _running=lambda: llm, _streams={}))  # rendering needs only these
     return [(await Engine.render(shim, chat_messages(first + i, context_lines))).rendered for i in range(count)]
 
 

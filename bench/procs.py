@@ -68,8 +68,10 @@ class Server:
         for line in self.process.stdout:
             log.write(line)
             log.flush()
-            if line.startswith("@@bench "):
-                self.lines.put(line[len("@@bench "):])
+            # Anywhere in the line: vLLM's engine process writes to the same pipe and its prefix
+            # ("(EngineCore pid=…) ") has been seen in front of a reply line, which then went unread.
+            if (at := line.find("@@bench ")) >= 0:
+                self.lines.put(line[at + len("@@bench "):])
 
     @property
     def pid(self) -> int:

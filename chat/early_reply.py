@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 from collections import deque
@@ -115,10 +116,7 @@ def begin(service: ChatService, log_id: str, request: ReplyRequest, owner: objec
     """Start the reply a page asked for, into a live log with the page's id (new: the caller checks)."""
     live = LiveText(service.logs, log_id=log_id)
     live.log.owner = owner
-    live.log.early = EarlyReply(service, ReplyRequest(
-        request.message, request.history, preset=request.preset, system_prompt=request.system_prompt,
-        sampling=request.sampling, stop_key=stop_key(log_id), submitted_at=request.submitted_at,
-    ), live)
+    live.log.early = EarlyReply(service, dataclasses.replace(request, stop_key=stop_key(log_id)), live)
     return live.log
 
 

@@ -65,7 +65,8 @@ REJECTED = Counter(
 EARLY_REPLIES = Counter(
     "chat_early_replies_total",
     "Chat-tab replies a page began before Gradio ran the turn (chat/early_reply.py), by what became of "
-    "them: claimed (the turn took it over), other_inputs, unclaimed, or missing (a turn found none).",
+    "them: claimed (the turn took it over), other_inputs (the turn asked for something else), unclaimed "
+    "(still running when no turn had taken it over within two minutes), or missing (a turn found none).",
     ["outcome"],
 )
 ENGINE_RESTARTS = Counter("chat_engine_restarts_total", "Engines restarted after their process died.", ["preset"])

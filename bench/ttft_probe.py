@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from bench.common import SYSTEM_PROMPT, user_message
 from bench.dummy_model import write_model
 from bench.gpu import engine_for, write_preset
 from bench.gradio_browser import Tab, Watch, load_page
+from bench.paths import app_path
 
 
 async def first_delta(ws, request_id: str) -> float:
@@ -97,26 +96,12 @@ def main() -> int:
     write_model(args.model_dir, args.tok, args.shape)
     preset = write_preset(Path("/tmp/bench-probe-presets"), args.model_dir, engine_for(args),
                           "cpu" if args.cpu_smoke else "gpu", 256)
-    import yaml
-
-    name = yaml.safe_load(preset.read_text())["name"]
-    port = 8765
-    log = open("/tmp/probe-app.log", "w")  # noqa: SIM115
-    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--presets-dir", str(preset.parent),
-                            "--preset", name, "--ui-workers", str(args.ui_workers)],
-                           stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0"})
-    url = f"http://127.0.0.1:{port}/"
+    app = app_path("probe", preset, Path("/tmp/bench-probe-logs"), {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+                   len, args.context_lines, ui_workers=args.ui_workers)
+    url = app.notes["url"]
     try:
         t0 = time.monotonic()
-        while True:
-            try:
-                if httpx.get(url + "healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if app.poll() is not None or time.monotonic() - t0 > 400:
-                raise SystemExit(f"the app did not start: {Path('/tmp/probe-app.log').read_text()[-3000:]}")
-            time.sleep(1)
+        app.servers[0].wait_http(url + "healthz", timeout=400)
         print(f"app ready in {time.monotonic() - t0:.0f} s")
         asyncio.run(probe(url, 2, args.context_lines, 8))  # warm-up
         results = asyncio.run(probe(url, args.turns, args.context_lines, 16))
@@ -124,8 +109,7 @@ def main() -> int:
             print(f"{name:<22} first text p50 {statistics.median(times):6.1f} ms  "
                   f"({min(times):.1f}-{max(times):.1f}) " + " ".join(f"{t:.0f}" for t in times))
     finally:
-        app.terminate()
-        app.wait(60)
+        app.servers[0].stop()
     return 0
 
 

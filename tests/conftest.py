@@ -147,6 +147,13 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
         time.sleep(0.5)
 
 
+def early_replies(app: RunningApp, outcome: str) -> float:
+    """How many Chat-tab replies begun over a page's socket ended with `outcome` (chat/early_reply.py)."""
+    with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
+        found = re.search(rf'^chat_early_replies_total{{outcome="{outcome}"}} (\S+)$', response.read().decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def running(process) -> bool:
     """A psutil.Process alive, not a zombie: one that has ended but is not reaped yet holds nothing
     (and this sandbox's init may be slow to reap a process whose parent was killed)."""

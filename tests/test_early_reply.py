@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
-import urllib.request
 
 import pytest
 import websockets
@@ -17,14 +15,9 @@ from chat.early_reply import claim, same_turn
 from chat.reply_log import ReplyStore
 from chat.service import ReplyRequest
 from chat.stats import REPLIED
+from tests.conftest import early_replies
 from tests.test_api import IDLE, events_of, idle, next_error
 from tests.test_browser import REPLY_TITLE, send, watch_reply
-
-
-def early_replies(app, outcome: str) -> float:
-    with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
-        found = re.search(rf'^chat_early_replies_total{{outcome="{outcome}"}} (\S+)$', response.read().decode(), re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def new_id() -> str:

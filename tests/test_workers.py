@@ -34,7 +34,17 @@ from chat.models import weights_bytes
 from chat.stats import REPLIED, SUMMARY
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
-from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, small_preset, start_app, still_running, stop_app
+from tests.conftest import (
+    OUTPUT,
+    PROBLEM_LINE,
+    ROOT,
+    RunningApp,
+    early_replies,
+    small_preset,
+    start_app,
+    still_running,
+    stop_app,
+)
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
@@ -340,9 +350,13 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
     page.locator("#preset input").click()
     page.get_by_role("option", name=A, exact=True).click()
     page.locator("#title").filter(has_text=A).wait_for()
+    page.wait_for_function("window.chatLive.connected()")
+    claimed = early_replies(workers_app, "claimed")
     send(page, "Say hello in five words.")
     _, title = watch_reply(page, REPLIED, within_s=240)
     assert (numbers := SUMMARY.search(title)) and numbers["rate"], title
+    # The reply began over the page's socket and the turn took it over: both reached the same worker.
+    assert early_replies(workers_app, "claimed") == claimed + 1
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / "ui-workers-switched.png"))
     assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == cookie

@@ -56,8 +56,9 @@ def reply_messages(reply: Reply | None, annotation_msg: gr.ChatMessage) -> list[
 # names, because Gradio's HTML sanitiser keeps classes and drops data- attributes; a blank line after
 # it, so the text is Markdown again. Before the reply has any text, words for screen readers stand
 # in for it (a message without text is a nameless element to them; style.py hides the words).
+# Gradio drops the blank line where nothing follows the box (an app before those words).
 NO_TEXT_YET = '<span class="live-pending">Writing…</span>'
-PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>\n\n(?:' + re.escape(NO_TEXT_YET) + ")?")
+PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n)?(?:' + re.escape(NO_TEXT_YET) + ")?")
 
 
 def live_body(live_id: str, shown: str) -> str:

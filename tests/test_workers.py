@@ -69,8 +69,9 @@ def workers_app(tmp_path_factory):
                     "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(votes),
                     "--admin-local", "--host", "0.0.0.0")
     yield app
+    started = descendants(app)  # none left when the module's last test killed the app (it checks this itself)
     stop_app(app)
-    assert not [p for p in descendants(app) if p.is_running()], "processes outlived the app"
+    assert not (alive := still_running(started, 60)), f"processes outlived the app: {alive}"
     text = app.log_path.read_text(errors="replace")
     problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not EXPECTED.search(line)]
     assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])

@@ -236,10 +236,11 @@ class Measurements:
     def cold_start(self, raw: Target, apps: list[Target]) -> None:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
 
-        vLLM compiles its sampler's Triton kernels at the batch shapes it first meets ("JIT
-        compilation during inference" in its log), and the level's own 8-token warm-up does not
-        always meet them: on 2026-12-03 the first 256-stream round after a start was 0.76-0.92x of
-        the next, on the raw side too (README, "Several UI workers, on one H200")."""
+        On 2026-12-03 the first 256-stream round after a start was 0.76-0.92x of the next, on the
+        raw side too, although the level's 8-token warm-up had run first (README, "Several UI
+        workers, on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
+        compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
+        has not been measured on a GPU."""
         top = max(int(x) for x in self.args.levels.split(","))
         for target in [raw] + [a for a in apps if a.notes.get("measured", True)]:
             target.run(top, top, 800_000 + self.index, 64)

@@ -233,6 +233,12 @@ class Measurements:
                        f"itl p50 {s['itl_p50_ms']:5.2f} p99 {s['itl_p99_ms']:6.2f} ms  {s['tok_s']:7.0f} tok/s  "
                        f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}{queue}")
 
+    @staticmethod
+    def targets_at(level: int, raw: Target, apps: list[Target]) -> list[Target]:
+        """The raw engine and every measured app path that runs at this level."""
+        return [raw] + [a for a in apps if (not a.notes["levels"] or level in a.notes["levels"])
+                        and a.notes.get("measured", True)]
+
     def cold_start(self, raw: Target, apps: list[Target]) -> None:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
 
@@ -242,7 +248,7 @@ class Measurements:
         compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
         has not been measured on a GPU."""
         top = max(int(x) for x in self.args.levels.split(","))
-        for target in [raw] + [a for a in apps if a.notes.get("measured", True)]:
+        for target in self.targets_at(top, raw, apps):
             target.run(top, top, 800_000 + self.index, 64)
             self.index += top
         self.log.event(f"every target warmed with {top} streams of 64 tokens")
@@ -255,8 +261,7 @@ class Measurements:
             if log.left() < 30:
                 log.event(f"deadline: skipping level {c} and later")
                 break
-            targets = [raw] + [a for a in apps if (not a.notes["levels"] or c in a.notes["levels"])
-                               and a.notes.get("measured", True)]
+            targets = self.targets_at(c, raw, apps)
             turn = li % len(targets)
             for target in targets[turn:] + targets[:turn]:
                 target.run(c, c, 900_000 + self.index, 8)  # warm-up: new batch shapes compile the sampler

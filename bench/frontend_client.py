@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from bench.gradio_browser import Page, Tab, Watch, load_page, message_text
+from bench.gradio_browser import Tab, Watch
+from bench.gradio_page import Page, load_page, message_text
 from bench.start_line import start_line, wait_at
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)

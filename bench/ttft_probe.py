@@ -25,7 +25,8 @@ import websockets
 from bench.common import SYSTEM_PROMPT, user_message
 from bench.dummy_model import write_model
 from bench.gpu import engine_for, write_preset
-from bench.gradio_browser import Tab, Watch, load_page
+from bench.gradio_browser import Tab, Watch
+from bench.gradio_page import load_page
 from bench.paths import app_path
 
 

@@ -75,10 +75,7 @@ def build_ui(
 
                 demo.load(show_capacity, None, [capacity_page], **QUIET)
                 # Stop works for a test already running when the page opens (a reload, a second admin).
-                # Through the queue, as the run's own updates: off it, the answer came over another
-                # connection and could land after the run had enabled Stop, disabling it again.
-                capacity_page.select(lambda: gr.Button(interactive=lab.busy()), None, [capacity.stop_button],
-                                     **{**QUIET, "queue": True})
+                capacity_page.select(lambda: gr.Button(interactive=lab.busy()), None, [capacity.stop_button], **QUIET)
         # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
         demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")

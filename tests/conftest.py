@@ -35,14 +35,8 @@ TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client"}, "engin
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
     and run the tests of the app behind a login (`protected_app`, from three modules) last and
-    together, and before them those of the two-worker app (`workers_app`, from two modules), so
-    that one start of each app serves all its tests and neither idles beside other tests."""
-    def place(item: pytest.Item) -> int:
-        used = getattr(item, "fixturenames", ())
-        # A test that asks for `workers_app` by name at run time (a parametrised fixture) says so by a mark.
-        return 2 if "protected_app" in used else 1 if "workers_app" in used or item.get_closest_marker("workers_app") else 0
-
-    items.sort(key=place)  # stable: the order is kept within each group
+    together, so that one start of that app serves them all and it never idles beside other tests."""
+    items.sort(key=lambda item: "protected_app" in getattr(item, "fixturenames", ()))  # stable: order kept
     for item in items:
         if any(item.get_closest_marker(tier) for tier in TIERS):
             continue
@@ -103,7 +97,6 @@ class RunningApp:
     url: str
     process: subprocess.Popen
     log_path: Path
-    preset: str  # the preset its page opens with
 
     def health(self) -> tuple[int, dict]:
         return get_json(self.url + "healthz")
@@ -137,10 +130,7 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
         stderr=subprocess.STDOUT,
         env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
     )
-    from chat.settings import DEFAULT_PRESET
-
-    preset = args[args.index("--preset") + 1] if "--preset" in args else DEFAULT_PRESET
-    app = RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path, preset=preset)
+    app = RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
     deadline = time.monotonic() + ready_timeout
     while True:
         if process.poll() is not None:
@@ -243,52 +233,6 @@ def app_server(tmp_path_factory) -> Iterator[RunningApp]:
     stop_app(app)
 
 
-SMALL_KV_BYTES = 268435456  # small_preset's KV cache
-# `workers_app`: three presets of the embedded model with different context lengths are three engines.
-TINY_A, TINY_B, TINY_C = "Tiny A", "Tiny B", "Tiny C"
-TINY_CONTEXTS = {TINY_A: 1024, TINY_B: 768, TINY_C: 512}
-# What tests/test_workers.py causes on purpose: a killed worker, a killed engine core and what its clients then say.
-WORKERS_EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* died|died under a stream|"
-                              r"EngineDeadError|EngineCore|engine core|Engine core")
-
-
-def descendants(app: RunningApp) -> list:
-    """The app's processes (psutil), those of its processes' processes too."""
-    import psutil
-
-    try:
-        return psutil.Process(app.process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-@pytest.fixture(scope="session")
-def workers_app(tmp_path_factory) -> Iterator[RunningApp]:
-    """`--ui-workers 2`: two UI workers behind Caddy, three presets (Tiny A, the default, B and C;
-    the memory budget holds two of their engines), an administrator on this machine, and the
-    public port open to this machine's other addresses. For tests/test_hostile.py's sweeps, then
-    tests/test_workers.py, whose last test kills it (`pytest_collection_modifyitems` runs the
-    tests that use it after all others but the login's, together: one start serves both modules)."""
-    from chat.embedded import model_dir
-    from chat.models import weights_bytes
-
-    folder = tmp_path_factory.mktemp("presets")
-    for name, context in TINY_CONTEXTS.items():
-        small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})
-    need = SMALL_KV_BYTES + weights_bytes(model_dir(), "float32")
-    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
-    app = start_app("workers", "--ui-workers", "2", "--presets-dir", str(folder), "--preset", TINY_A,
-                    "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(votes),
-                    "--admin-local", "--host", "0.0.0.0")
-    yield app
-    started = descendants(app)  # none left when test_workers.py's last test killed the app (it checks this itself)
-    stop_app(app)
-    assert not (alive := still_running(started, 60)), f"processes outlived the app: {alive}"
-    text = app.log_path.read_text(errors="replace")
-    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not WORKERS_EXPECTED.search(line)]
-    assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
-
-
 # The accounts of `protected_app`: a user, the administrator and a guest.
 USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-secret")
 
@@ -360,7 +304,7 @@ def small_preset(folder: Path, name: str, *, context: int = 1024, **fields: obje
         "name": name,
         "description": f"{name}: a small-cache preset for tests.",
         "model": "embedded",
-        "engine": {"dtype": "float32", "max_model_len": context, "kv_cache_memory_bytes": SMALL_KV_BYTES,
+        "engine": {"dtype": "float32", "max_model_len": context, "kv_cache_memory_bytes": 268435456,
                    "enforce_eager": True, "max_num_seqs": 8},
         "sampling": {"max_tokens": {"default": 32, "max": 512}},
         **fields,

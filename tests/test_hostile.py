@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import websockets
 
 from chat.client import websocket_url
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, USER, RunningApp
+from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, still_running, stop_app
 
 pytestmark = pytest.mark.app
 
+PRESET = "SmolLM2 135M (CPU)"
 OK = re.compile(r"📊 " + SUMMARY.pattern)
 STACK = re.compile(r'Traceback \(most recent call last\)|File "[^"]*", line \d+|Internal Server Error')
 SENTENCE = re.compile(r"\S.{3,600}[.!?]", re.S)  # one or a few sentences, not a dump
@@ -74,12 +76,22 @@ def event_problem(message: dict[str, Any]) -> str | None:
     return None
 
 
-@pytest.fixture(params=["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.workers_app)])
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory) -> Iterator[RunningApp]:
+    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them."""
+    votes = tmp_path_factory.mktemp("hostile-votes") / "votes.sqlite3"
+    app = start_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(votes))
+    yield app
+    started = psutil.Process(app.process.pid).children(recursive=True)
+    stop_app(app)  # a stop by signal ends everything it started (test_workers.py kills its app instead)
+    assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
+
+
+@pytest.fixture(params=["one worker", "two workers behind Caddy"])
 def app(request, app_server) -> Iterator[RunningApp]:
     """The app under attack. `app_server` is named so that conftest's `nothing_left_behind` checks
-    its log after each test; for both apps the log is also checked here, and the app must still chat.
-    The two workers are conftest's `workers_app`, which tests/test_workers.py then uses."""
-    target = app_server if request.param == "one worker" else request.getfixturevalue("workers_app")
+    its log after each test; for both apps the log is also checked here, and the app must still chat."""
+    target = app_server if request.param == "one worker" else request.getfixturevalue("workers")
     start = target.log_path.stat().st_size
     yield target
     assert still_chats(target), "a normal /chat call failed after the sweep"
@@ -96,7 +108,7 @@ def logged_problem(app: RunningApp, start: int) -> str:
 
 
 def still_chats(app: RunningApp) -> bool:
-    body = {"data": ["Say OK.", app.preset, "", 0.0, 0.9, 0, 1, 1.0, 1]}
+    body = {"data": ["Say OK.", PRESET, "", 0.0, 0.9, 0, 1, 1.0, 1]}
     event = httpx.post(app.url + "gradio_api/call/chat", json=body, timeout=30).json()["event_id"]
     with httpx.stream("GET", f"{app.url}gradio_api/call/chat/{event}", timeout=120) as response:
         lines = list(response.iter_lines())
@@ -251,7 +263,7 @@ async def test_the_queue_itself_refuses_forged_and_broken_requests_plainly(app):
     page = await config(app.url)
     chat = next(d for d in page["dependencies"] if d.get("api_name") == "chat")
     session = uuid.uuid4().hex
-    good = json.loads(join_body(chat, session, json.dumps(["Hi", app.preset, "", 0, 0.9, 0, 1, 1.0, 1])))
+    good = json.loads(join_body(chat, session, json.dumps(["Hi", PRESET, "", 0, 0.9, 0, 1, 1.0, 1])))
     join, data, predict = "gradio_api/queue/join", "gradio_api/queue/data", "gradio_api/run/predict"
     requests: list[tuple[str, str, str, Any]] = [
         ("no session", "POST", join, {**good, "session_hash": None}),
@@ -380,7 +392,7 @@ async def test_uploads_and_file_paths_cannot_break_or_leak(app):
 
 async def test_the_apps_own_routes_answer_odd_requests_plainly(app):
     odd = ["", "No such preset", "../../etc/passwd", "%00", "%ED%A0%80", "%FF%FE", "NaN", "1e400", "<script>x</script>",
-           "x" * 8000, f"{app.preset}&preset=other", "%0d%0aSet-Cookie:%20x=1"]
+           "x" * 8000, f"{PRESET}&preset=other", "%0d%0aSet-Cookie:%20x=1"]
     requests: list[tuple[str, str, str, Any]] = [(f"status {p[:20]!r}", "GET", f"status?preset={p}", None) for p in odd]
     requests += [
         ("status without a preset", "GET", "status", None),

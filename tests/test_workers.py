@@ -3,8 +3,7 @@
 Everything is the real thing: app.py's supervisor with its engine owner, Caddy on the public port,
 two UI workers, and an engine core per engine; real curl, gradio_client, the WebSocket client and
 Chromium as readers. Three presets of the embedded model with different context lengths are three
-engines, and the memory budget holds two of them, so the third makes the owner unload one. The
-app is conftest's `workers_app`; tests/test_hostile.py's sweeps use it first.
+engines, and the memory budget holds two of them, so the third makes the owner unload one.
 """
 
 from __future__ import annotations
@@ -29,26 +28,61 @@ from gradio_client import Client
 
 from chat.admin import NOT_ADMIN
 from chat.client import ReplyStream
+from chat.embedded import model_dir
 from chat.front_door import COOKIE, worker_cookie
+from chat.models import weights_bytes
 from chat.stats import REPLIED, SUMMARY
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
 from tests.conftest import (
     OUTPUT,
+    PROBLEM_LINE,
     ROOT,
-    TINY_A,
-    TINY_B,
-    TINY_C,
     RunningApp,
-    descendants,
     early_replies,
+    small_preset,
+    start_app,
     still_running,
+    stop_app,
 )
 from tests.test_browser import send, watch_reply
 
 pytestmark = pytest.mark.app
 
-A, B, C = TINY_A, TINY_B, TINY_C  # the presets of conftest's workers_app, the app of this module
+A, B, C = "Tiny A", "Tiny B", "Tiny C"
+CONTEXTS = {A: 1024, B: 768, C: 512}  # three engines of one model
+KV_BYTES = 268435456  # small_preset's
+# What the tests here cause on purpose: a killed worker, a killed engine core and what its clients then say.
+EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* died|died under a stream|"
+                      r"EngineDeadError|EngineCore|engine core|Engine core")
+CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
+
+
+@pytest.fixture(scope="module")
+def workers_app(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("presets")
+    for name, context in CONTEXTS.items():
+        small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})
+    need = KV_BYTES + weights_bytes(model_dir(), "float32")
+    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
+    app = start_app("workers", "--ui-workers", "2", "--presets-dir", str(folder), "--preset", A,
+                    "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(votes),
+                    "--admin-local", "--host", "0.0.0.0")
+    yield app
+    started = descendants(app)  # none left when the module's last test killed the app (it checks this itself)
+    stop_app(app)
+    assert not (alive := still_running(started, 60)), f"processes outlived the app: {alive}"
+    text = app.log_path.read_text(errors="replace")
+    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) and not EXPECTED.search(line)]
+    assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
+
+
+def descendants(app: RunningApp) -> list[psutil.Process]:
+    try:
+        return psutil.Process(app.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
 
 def engine_cores(app: RunningApp) -> list[psutil.Process]:
     cores = []

@@ -8,6 +8,7 @@ the server's loop); the app runs exactly as `python app.py` does, on a free loca
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -145,6 +146,21 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
             process.kill()
             raise RuntimeError(f"app.py was not healthy within {ready_timeout} s:\n{app.log_tail()}")
         time.sleep(0.5)
+
+
+def app_command(*args: str) -> subprocess.Popen:
+    """`python app.py ARGS` for a command that prints and exits (--check-presets, --list-presets)."""
+    return subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@functools.cache
+def ran_app(*args: str) -> subprocess.CompletedProcess:
+    """What `python app.py ARGS` printed and returned; each distinct command runs once a session (it
+    imports vLLM, ~6 s): the same arguments give the same answer."""
+    process = app_command(*args)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def early_replies(app: RunningApp, outcome: str) -> float:

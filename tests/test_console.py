@@ -6,13 +6,12 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 
 from chat import logs
-from tests.conftest import ROOT
+from tests.conftest import app_command, ran_app
 
 VLLM_INFO = re.compile(r"\) INFO \d\d-\d\d |\bINFO vllm\b")  # vLLM's own format, or vLLM through the app's
 
@@ -71,14 +70,14 @@ def test_the_ready_line_is_one_sentence_with_the_address():
 
 @pytest.mark.app
 def test_verbose_brings_vllms_info_lines_back():
-    def vllm_info_lines(*flags: str) -> list[str]:
-        result = subprocess.run([sys.executable, "app.py", "--check-presets", *flags], cwd=ROOT, capture_output=True,
-                                text=True, timeout=120)
+    def vllm_info_lines(result: subprocess.CompletedProcess) -> list[str]:
         assert result.returncode == 0, result.stdout + result.stderr
         return [line for line in (result.stdout + result.stderr).splitlines() if VLLM_INFO.search(line)]
 
-    assert vllm_info_lines() == []
-    assert vllm_info_lines("--verbose")
+    verbose = app_command("--check-presets", "--verbose")  # meanwhile, on the other core
+    assert vllm_info_lines(ran_app("--check-presets")) == []
+    stdout, stderr = verbose.communicate(timeout=120)
+    assert vllm_info_lines(subprocess.CompletedProcess(verbose.args, verbose.returncode, stdout, stderr))
 
 
 def test_the_console_ends_the_engine_start_with_the_address_to_open(app_server):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 from chat.errors import PresetError
 from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
 from chat.sampling import SamplingRules
-from tests.conftest import ROOT
+from tests.conftest import ran_app
 
 GOOD = """\
 name: Tiny
@@ -177,16 +175,12 @@ def test_gpu_presets_are_unusable_without_a_gpu_and_say_why():
     assert reasons["Qwen2.5 7B (1 GPU, low latency)"] == "Qwen2.5 7B (1 GPU, low latency) needs an NVIDIA GPU; this machine has none."
 
 
-def run_app(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "app.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.app  # runs app.py
 def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
     write(tmp_path, "good.yaml", GOOD)
     write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
     write(tmp_path, "many.yaml", MANY_MISTAKES)
-    result = run_app("--check-presets", "--presets-dir", str(tmp_path))
+    result = ran_app("--check-presets", "--presets-dir", str(tmp_path))
     assert result.returncode == 1
     printed = result.stdout.splitlines()
     assert f"{tmp_path}/qwen.yaml, line 5: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in printed
@@ -197,7 +191,7 @@ def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
 
 @pytest.mark.app  # runs app.py
 def test_check_presets_passes_on_the_bundled_presets():
-    result = run_app("--check-presets")
+    result = ran_app("--check-presets")
     assert result.returncode == 0, result.stdout
     assert "0 invalid" in result.stdout
 
@@ -205,7 +199,7 @@ def test_check_presets_passes_on_the_bundled_presets():
 @pytest.mark.app  # runs app.py
 def test_list_presets_names_each_with_its_file(tmp_path):
     write(tmp_path, "tiny.yaml", GOOD)
-    result = run_app("--list-presets", "--presets-dir", str(tmp_path))
+    result = ran_app("--list-presets", "--presets-dir", str(tmp_path))
     assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout
 
 

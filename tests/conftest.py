@@ -30,7 +30,7 @@ OUTPUT = ROOT / "tests" / "output"
 
 TIERS = ("unit", "engine", "app", "browser")
 # A test's tier, when its module does not say: the heaviest of what its fixtures start.
-TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client"}, "engine": {"engine", "registry"}}
+TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client", "workers_app"}, "engine": {"engine", "registry"}}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,7 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     together, so that one start of that app serves them all and it never idles beside other tests."""
     items.sort(key=lambda item: "protected_app" in getattr(item, "fixturenames", ()))  # stable: order kept
     for item in items:
-        if any(item.get_closest_marker(tier) for tier in TIERS):
+        if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
+        if marked:
             continue
         used = set(getattr(item, "fixturenames", ()))
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")

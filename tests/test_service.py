@@ -9,7 +9,6 @@ import logging
 import pytest
 
 from chat.errors import InputError, PresetError, SettingsError, Stopped
-from chat.pacing import RedrawPacer
 from chat.presets import load_presets
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting, Writing
 from chat.stats import Finish
@@ -169,16 +168,3 @@ async def test_an_unexpected_error_is_logged_and_told_in_a_generic_sentence(serv
     assert isinstance(events[-1], Failed)
     assert events[-1].error.message == "Something went wrong on the server while writing this reply; please try again."
     assert "a bug" in caplog.text
-
-
-@pytest.mark.unit
-def test_the_redraw_interval_stretches_with_the_number_of_replies_streaming():
-    pacer = RedrawPacer(floor_s=0.04, max_per_s=100)
-    assert pacer.interval() == 0.04
-    for _ in range(50):
-        pacer.started()
-    assert pacer.interval() == pytest.approx(0.5)  # 50 replies share 100 redraws a second
-    for _ in range(60):
-        pacer.ended()
-    assert pacer.streaming == 0 and pacer.interval() == 0.04
-    assert RedrawPacer(floor_s=0.04, max_per_s=0).interval() == 0.04  # no budget

@@ -47,8 +47,6 @@ from tests.conftest import (
 )
 from tests.test_browser import send, watch_reply
 
-pytestmark = pytest.mark.app
-
 A, B, C = "Tiny A", "Tiny B", "Tiny C"
 CONTEXTS = {A: 1024, B: 768, C: 512}  # three engines of one model
 KV_BYTES = 268435456  # small_preset's
@@ -541,6 +539,7 @@ def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
     assert can_listen_on(port), "the app's port is still taken"
 
 
+@pytest.mark.app  # runs app.py
 def test_without_caddy_the_app_says_what_to_run(tmp_path):
     from chat.front_door import MISSING
 

@@ -156,13 +156,17 @@ def app_command(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """What an `app_command` printed and returned, once it has ended."""
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 @functools.cache
 def ran_app(*args: str) -> subprocess.CompletedProcess:
     """What `python app.py ARGS` printed and returned; each distinct command runs once a session (it
     imports vLLM, ~6 s): the same arguments give the same answer."""
-    process = app_command(*args)
-    stdout, stderr = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return finished(app_command(*args))
 
 
 def early_replies(app: RunningApp, outcome: str) -> float:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from chat import logs
-from tests.conftest import app_command, ran_app
+from tests.conftest import app_command, finished, ran_app
 
 VLLM_INFO = re.compile(r"\) INFO \d\d-\d\d |\bINFO vllm\b")  # vLLM's own format, or vLLM through the app's
 
@@ -76,8 +76,7 @@ def test_verbose_brings_vllms_info_lines_back():
 
     verbose = app_command("--check-presets", "--verbose")  # meanwhile, on the other core
     assert vllm_info_lines(ran_app("--check-presets")) == []
-    stdout, stderr = verbose.communicate(timeout=120)
-    assert vllm_info_lines(subprocess.CompletedProcess(verbose.args, verbose.returncode, stdout, stderr))
+    assert vllm_info_lines(finished(verbose))
 
 
 def test_the_console_ends_the_engine_start_with_the_address_to_open(app_server):

@@ -10,12 +10,20 @@ from pathlib import Path
 import pytest
 
 from chat.stats import REPLIED, SUMMARY
+from chat.ui.messages import NO_TEXT_YET
 from tests.conftest import OUTPUT, ROOT
 
 pytestmark = pytest.mark.browser
 
 REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
 REPLY_TITLE = "#chatbot .bot-row .thought .title"
+# What a reply's box says before its first word (for screen readers; out of sight): not the reply's text.
+NO_TEXT = re.sub(r"<[^>]+>", "", NO_TEXT_YET)
+
+
+def is_text(shown: str) -> bool:
+    """Whether a reply's box shows the reply's own text (not a wait, not the box before the first word)."""
+    return bool(shown.strip()) and not shown.startswith("⏳") and shown.strip() != NO_TEXT
 
 
 MAX_TOKENS = "#knob-max_tokens input[type=number]"
@@ -55,7 +63,7 @@ def watch_reply(page, until: str, within_s: float = 90) -> tuple[list[str], str]
 def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
     send(page, "Write a short poem about the moon.")
     seen, title = watch_reply(page, REPLIED)
-    growing = [text for text in seen if text.strip() and not text.startswith("⏳")]
+    growing = [text for text in seen if is_text(text)]
     assert len(growing) >= 3, f"the reply should grow in steps, saw {growing}"
     # Letters and digits never go away (the newest text is plain until Gradio draws it as Markdown,
     # which may drop a space or a * around it).

@@ -13,6 +13,7 @@ import pytest
 
 from chat.stats import REPLIED, SUMMARY
 from tests.conftest import OUTPUT
+from tests.test_browser import is_text
 
 pytestmark = pytest.mark.browser
 
@@ -75,7 +76,7 @@ def watch_columns(page, within_s: float = 120, done: str = REPLIED) -> tuple[dic
     while time.monotonic() < deadline:
         for column in seen:
             texts = page.locator(TEXT.format(column)).all_inner_texts()
-            if texts and not texts[-1].startswith("⏳") and (not seen[column] or texts[-1] != seen[column][-1]):
+            if texts and is_text(texts[-1]) and (not seen[column] or texts[-1] != seen[column][-1]):
                 seen[column].append(texts[-1])
         titles = [page.locator(TITLE.format(column)).all_inner_texts() for column in seen]
         if all(t and done in t[-1] for t in titles):

@@ -12,7 +12,7 @@ import pytest
 
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, small_preset, start_app, stop_app
-from tests.test_browser import REPLY_TEXT, send, watch_reply
+from tests.test_browser import REPLY_TEXT, is_text, send, watch_reply
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +45,7 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     switcher = open_page(browser, two_engine_app.url)
     send(reader, "Tell me a long story about a cat who sails around the world.")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not "".join(reader.locator(REPLY_TEXT).all_inner_texts()).strip():
+    while time.monotonic() < deadline and not any(is_text(t) for t in reader.locator(REPLY_TEXT).all_inner_texts()):
         time.sleep(0.1)  # the reply's bubble shows before its first word: wait for words
 
     # A setting the person changed stays through the switch; the others follow the new preset.

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import signal
 import subprocess
@@ -30,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.procs import free_port, python
+from bench.procs import Server, base_env, free_port, python
 
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that only compute a value and return, and the wrappers around every request: beside the path.
@@ -43,16 +42,19 @@ HELPERS = {
 BACKGROUND = ("monitor.", "registry.EngineRegistry.watch", "web.", "logs.", "engine_load.")
 # The last reply's line beneath it, once the reply has ended (its stats, or in a blind comparison why none).
 DONE = "[...document.querySelectorAll('{} .bot-row .thought .title')].at(-1)?.innerText.startsWith('📊')"
+MESSAGE = "Say hello in five words."
+PROBLEM = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
 Call = tuple[str, str, str, str, str]  # caller module, caller function, callee module, callee function, root
 INNER = re.compile(r"(\.<locals>\.<(?:listcomp|dictcomp|setcomp|genexpr|lambda)>)+$")  # part of the function around it
 
 
-def traced(app: subprocess.Popen, folder: Path, send: Callable[[], None]) -> list[Call]:
-    """The calls between modules of chat/ while `send` runs (and until the app is idle again)."""
-    app.send_signal(signal.SIGUSR1)
+def traced(app: Server, folder: Path, send: Callable[[], None]) -> list[Call]:
+    """The calls between modules of chat/ while `send` runs."""
+    assert app.process is not None
+    app.process.send_signal(signal.SIGUSR1)
     time.sleep(0.5)  # the signal is handled between two bytecodes of the app's main thread
     send()
-    app.send_signal(signal.SIGUSR2)
+    app.process.send_signal(signal.SIGUSR2)
     out = folder / "calls.json"
     deadline = time.monotonic() + 30
     while not out.exists() and time.monotonic() < deadline:
@@ -99,25 +101,21 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="message-path-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/"
-    log = open(folder / "app.log", "w")  # noqa: SIM115 - the app's, for its lifetime
-    app = subprocess.Popen([python(), str(ROOT / "bench" / "traced_app.py"), "--port", str(port),
-                            "--votes-db", str(folder / "votes.sqlite3")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                           env={**os.environ, "MESSAGE_PATH_DIR": str(folder), "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{(port := free_port())}/"
+    app = Server("traced app", [python(), str(ROOT / "bench" / "traced_app.py"), "--port", str(port),
+                                "--votes-db", str(folder / "votes.sqlite3")],
+                 folder / "app.log", env=base_env({"MESSAGE_PATH_DIR": str(folder)})).start()
     results = {}
+
+    def measure(name: str, send: Callable[[], None]) -> None:
+        def then_idle() -> None:
+            send()
+            wait_idle(url)
+
+        results[name] = report(name, traced(app, folder, then_idle))
+
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(url + "healthz", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if app.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not start; its log: {folder / 'app.log'}")
-            time.sleep(0.5)
+        app.wait_http(url + "healthz")
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                                  args=["--headless", "--no-sandbox", "--disable-gpu"])
@@ -127,46 +125,38 @@ def main() -> None:
             page.wait_for_function("window.chatLive?.render('x') != null")
 
             def chat() -> None:
-                page.locator("#message textarea").fill("Say hello in five words.")
+                page.locator("#message textarea").fill(MESSAGE)
                 page.locator("#message textarea").press("Enter")
                 page.wait_for_function(DONE.format("#chatbot"))
-                wait_idle(url)
 
-            results["Chat tab, in a page"] = report("Chat tab, in a page", traced(app, folder, chat))
+            measure("Chat tab, in a page", chat)
             page.get_by_role("tab", name="Compare").click()
             page.locator("#compare-prompt textarea").wait_for()
 
             def compare() -> None:
-                page.locator("#compare-prompt textarea").fill("Say hello in five words.")
+                page.locator("#compare-prompt textarea").fill(MESSAGE)
                 page.locator("#compare-prompt textarea").press("Enter")
                 for column in (0, 1):
                     page.wait_for_function(DONE.format(f"#compare-chat-{column}"))
-                wait_idle(url)
 
-            results["Compare, two columns, in a page"] = report("Compare, two columns, in a page",
-                                                                 traced(app, folder, compare))
+            measure("Compare, two columns, in a page", compare)
             browser.close()
-
-        def socket() -> None:
-            subprocess.run([python(), "-m", "chat.client", "Say hello in five words.", "--url", url],
-                           cwd=ROOT, check=True, capture_output=True)
-            wait_idle(url)
-
-        results["WebSocket API /chat"] = report("WebSocket API /chat", traced(app, folder, socket))
+        measure("WebSocket API /chat", lambda: subprocess.run(
+            [python(), "-m", "chat.client", MESSAGE, "--url", url], cwd=ROOT, check=True, capture_output=True))
 
         def gradio_api() -> None:
             from gradio_client import Client
 
-            Client(url, verbose=False).predict("Say hello in five words.", api_name="/reply")
-            wait_idle(url)
+            Client(url, verbose=False).predict(MESSAGE, api_name="/reply")
 
-        results["Gradio API /reply"] = report("Gradio API /reply", traced(app, folder, gradio_api))
+        measure("Gradio API /reply", gradio_api)
     finally:
-        app.terminate()
-        app.wait(timeout=60)
+        app.stop()
+    problems = [line for line in app.log_path.read_text(errors="replace").splitlines() if PROBLEM.search(line)]
+    print(f"\nthe app's log ({app.log_path}): " + ("\n".join(problems) if problems else "no traceback, no ERROR line"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nwritten to {args.out} (the app's log: {folder / 'app.log'})")
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

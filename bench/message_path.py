@@ -3,8 +3,9 @@ browser to the engine and back").
 
     .venv/bin/python -m bench.message_path            # the embedded model; a minute or two
 
-Runs app.py under bench/traced_app.py (every call from one module of chat/ into another is
-recorded while a message is under way) and sends one message each way: typed on the Chat tab of a
+Runs app.py with one UI worker (the CPU default; a worker process of several is not traced) under
+bench/traced_app.py (every call from one module of chat/ into another is recorded while a message
+is under way) and sends one message each way: typed on the Chat tab of a
 page in Chromium, a comparison's prompt on the Compare tab (two columns), one reply over the
 WebSocket API (`python -m chat.client`) and one through the Gradio API's /reply. For each it prints
 the modules on the path, how many places of other modules call into each (more than one: entered

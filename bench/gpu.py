@@ -194,7 +194,7 @@ def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str],
             apps.append(browser)
         if variant.browser and variant.late:
             late = browser_path(app, count, args.context_lines, args.client_procs, late=True)
-            late.notes["levels"] = (1,)  # one stream's first token, before and after chat/early_reply.py
+            late.notes["levels"] = (1,)  # one stream's first token, before and after chat/live.py's early replies
             apps.append(late)
     return raw, apps
 

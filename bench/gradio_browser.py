@@ -41,7 +41,7 @@ class Watch:
     updates: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, reply length) per update
     text: str = ""  # the reply at its last update
     live: str = ""  # the reply as the page's live.js holds it (every delta over the WebSocket)
-    begun: str | None = None  # the id of the reply the page began over its socket (chat/early_reply.py)
+    begun: str | None = None  # the id of the reply the page began over its socket (chat/live.py)
     box_at: float | None = None  # when Gradio drew that reply's box: the page shows its text from then
     ended: float | None = None
     error: str | None = None

@@ -19,7 +19,7 @@ from gradio_client.utils import apply_diff
 
 Leave = Literal["cancel", "disconnect"]
 
-# What gradio_client says of itself: the app streams text through Gradio to programs (chat/ui/live.py).
+# What gradio_client says of itself: the app streams text through Gradio to programs (chat/ui/live_script.py).
 PROGRAM = {"x-gradio-user": "api"}
 
 

@@ -8,8 +8,8 @@ bench/traced_app.py (every call from one module of chat/ into another is recorde
 is under way) and sends one message each way: typed on the Chat tab of a
 page in Chromium, a comparison's prompt on the Compare tab (two columns), one reply over the
 WebSocket API (`python -m chat.client`) and one through the Gradio API's /reply. For each it prints
-the modules on the path, how many places of other modules call into each (more than one: entered
-again), and the helpers beside the path. A place is a function (with the comprehensions and
+the modules on the path, from how many other modules and how many places of theirs each is
+entered (more than one place: entered again), and the helpers beside the path. A place is a function (with the comprehensions and
 lambdas inside it): calls repeated per token, per redraw or per column, and several calls from one
 function, count once; calls within a module are not entries. Calls made by the app's own background work (the engine line's polling, Monitor, the registry's watch) are left out: their
 entry points are listed in BACKGROUND and their calls are reported apart.
@@ -34,10 +34,12 @@ from bench.procs import Server, base_env, free_port, python
 
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that only compute a value and return, and the wrappers around every request: beside the path.
+# (ui/compare_view draws a comparison's columns and summary from its record, as ui/messages draws a
+# reply's events; of ui/live_script a message calls only `is_browser`, which reads one header.)
 HELPERS = {
     "presets", "history", "sampling", "stats", "metrics", "pacing", "errors", "api_schema", "compare",
-    "compare_report", "exports", "share_link", "charts", "voters", "ui/messages", "ui/downloads",
-    "ui/gradio_errors", "ui/gradio_internals", "ui/page_shell", "ui/style",
+    "compare_report", "exports", "share_link", "charts", "voters", "ui/messages", "ui/compare_view",
+    "ui/downloads", "ui/live_script", "ui/gradio_errors", "ui/gradio_internals", "ui/page_shell", "ui/style",
 }
 # Entry points of the app's own background work, running whatever the visitor does.
 BACKGROUND = ("monitor.", "registry.EngineRegistry.watch", "web.", "logs.", "engine_load.")
@@ -74,14 +76,17 @@ def report(name: str, calls: list[Call]) -> dict[str, object]:
     modules = {c[0] for c in message} | {c[2] for c in message}
     path = sorted(m for m in modules if m not in HELPERS)
     again = {m: len(places[m]) for m in path if len(places[m]) > 1}
+    from_modules = {m: sorted({caller for caller, _ in places[m]}) for m in path}
     print(f"\n{name}: {len(path)} modules on the path, {len(modules)} with the helpers")
     for module in path:
         callers = sorted(f"{caller}.{function}" for caller, function in places[module])
-        print(f"  {module:24} entered from {len(callers)} place(s): {', '.join(callers) or '(its own entry point)'}")
+        print(f"  {module:20} from {len(from_modules[module])} module(s), {len(callers)} place(s): "
+              f"{', '.join(callers) or '(its own entry point)'}")
     print(f"  helpers: {', '.join(sorted(modules - set(path)))}")
     print(f"  entry points: {', '.join(sorted({c[4] for c in message}))}")
     print(f"  left out as background: {', '.join(sorted({c[4] for c in background})) or 'none'}")
-    return {"path": path, "entered_again": again, "helpers": sorted(modules - set(path))}
+    return {"path": path, "entered_again": again, "helpers": sorted(modules - set(path)),
+            "entered_from_modules": {m: callers for m, callers in from_modules.items() if len(callers) > 1}}
 
 
 def wait_idle(url: str, within_s: float = 60) -> None:

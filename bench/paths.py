@@ -146,7 +146,7 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
     events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py);
     bursts (closed loop) or steady arrivals (`rate`), each turn a new tab. `late`: pages whose
     socket is not open yet when Enter is pressed, so that Gradio's turn starts the reply (as every
-    turn did before a page began its reply over the socket: chat/early_reply.py)."""
+    turn did before a page began its reply over the socket: chat/live.py)."""
     protocol = "browser-late" if late else "browser"
     from bench.frontend_client import Request, take_turns
 

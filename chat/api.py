@@ -11,10 +11,10 @@ The client sends JSON messages (chat/api_schema.py); every event the server send
     -> {"type": "resume", "id": "r1", "after": 41}                  after a dropped connection
     -> {"type": "watch", "id": "live-…", "after": 3}                follow a reply without owning it
     -> {"type": "begin", "id": "live-…", "message": "…", …}         the page's Chat tab: start a reply
-                                                                    its Gradio turn takes over (chat/early_reply.py)
+                                                                    its Gradio turn takes over (chat/live.py)
 
 Each reply goes through the one reply pipeline (`ChatService.reply`) in a server-side task that
-writes its events into a `ReplyLog` (chat/reply_log.py); sockets only follow logs. So a connection
+writes its events into a `ReplyLog` (chat/live.py); sockets only follow logs. So a connection
 that drops (no close frame) leaves its replies running for `grace_s`, and a client that reconnects
 resumes from the last delta it got without generating twice. Closing the socket cleanly, or nobody
 resuming in time, aborts the engine request. Request ids are shared by all connections (that is
@@ -37,8 +37,9 @@ from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
-from chat import early_reply
+from chat import live
 from chat.api_schema import (
+    GRACE_S,
     REQUEST,
     ApiError,
     BeginRequest,
@@ -51,7 +52,7 @@ from chat.api_schema import (
 )
 from chat.errors import UNEXPECTED_ERROR, ChatError, Stopped
 from chat.history import clean_text
-from chat.reply_log import GRACE_S, ReplyLog, ReplyStore
+from chat.live import ReplyLog, ReplyStore
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class Connection:
         self.check_room()
         asked = ReplyRequest(request.message, request.history, preset=request.preset,
                              system_prompt=request.system_prompt, sampling=request.sampling)
-        self.follow(early_reply.begin(self.service, request.id, asked, owner=self), 0)
+        self.follow(live.begin(self.service, self.store, request.id, asked, owner=self), 0)
 
     def resume(self, request: ResumeRequest) -> None:
         reply_log = self.store.get(request.id)
@@ -269,10 +270,11 @@ def same_origin(websocket: WebSocket) -> bool:
 
 
 def routes(
-    service: ChatService, *, allows: Callable[[HTTPConnection], bool] | None = None, grace_s: float = GRACE_S
+    service: ChatService, store: ReplyStore, *, allows: Callable[[HTTPConnection], bool] | None = None,
+    grace_s: float = GRACE_S,
 ) -> list[BaseRoute]:
-    """The /chat WebSocket. `allows` (e.g. a login check) refuses connections it returns False for."""
-    store = service.logs
+    """The /chat WebSocket, its replies' logs in `store` (which the pages' tabs write into too).
+    `allows` (e.g. a login check) refuses connections it returns False for."""
 
     async def chat_socket(websocket: WebSocket) -> None:
         if not same_origin(websocket) or (allows is not None and not allows(websocket)):

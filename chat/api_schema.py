@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from chat.errors import ChatError, EmptyMessage, EngineBusy, EngineError, InputError, PresetError, SettingsError
 
+GRACE_S = 30.0  # a dropped connection's replies keep running this long, waiting to be resumed
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -51,10 +53,10 @@ class WatchRequest(_Strict):
 
 class BeginRequest(_Strict):
     """The page's Chat tab: start the reply to a typed message now, into a live log with the page's id,
-    for the Gradio turn sent with it to take over (chat/early_reply.py). The fields are the turn's own inputs."""
+    for the Gradio turn sent with it to take over (chat/live.py). The fields are the turn's own inputs."""
 
     type: Literal["begin"]
-    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # early_reply.PAGE_LOG_ID
+    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # live.PAGE_LOG_ID
     message: str
     history: list[dict[str, Any]] = []  # the chat as the page holds it (Gradio's messages)
     preset: str | None = None

@@ -64,7 +64,7 @@ REJECTED = Counter(
 )
 EARLY_REPLIES = Counter(
     "chat_early_replies_total",
-    "Chat-tab replies a page began before Gradio ran the turn (chat/early_reply.py), by what became of "
+    "Chat-tab replies a page began before Gradio ran the turn (chat/live.py), by what became of "
     "them: claimed (the turn took it over), other_inputs (the turn asked for something else), unclaimed "
     "(still running when no turn had taken it over within two minutes), or missing (a turn found none).",
     ["outcome"],

@@ -27,6 +27,7 @@ from chat.presets import PresetCatalog
 if TYPE_CHECKING:
     from chat.auth import Login
     from chat.capacity_run import CapacityLab
+    from chat.live import ReplyStore
     from chat.monitor import Monitor
     from chat.owner_link import OwnerLink
     from chat.presets import Preset
@@ -180,6 +181,7 @@ class App:
     registry: EngineRegistry
     default: Preset
     store: VoteStore
+    logs: ReplyStore  # the replies sockets follow: the API's and the pages'
     login: Login | None
     link: OwnerLink | None
     lab: CapacityLab | None
@@ -195,6 +197,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.capacity_run import CapacityLab
     from chat.engine_core import on_cpu
     from chat.errors import ChatError, PresetError
+    from chat.live import ReplyStore
     from chat.monitor import Monitor
     from chat.owner_link import LinkedRegistry, OwnerLink
     from chat.pacing import RedrawPacer
@@ -224,13 +227,14 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     except PresetError as exc:
         raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc
     monitor = Monitor(registry)
+    logs = ReplyStore()
     lab = CapacityLab(service, lease=link) if admins.anyone_can_be else None
     try:
-        demo = build_ui(service, monitor, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
+        demo = build_ui(service, monitor, logs, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
                         lab=lab)
     except UntestedGradio as exc:
         raise Refused(str(exc)) from exc
-    return App(service, registry, default, store, login, link, lab, monitor, demo)
+    return App(service, registry, default, store, logs, login, link, lab, monitor, demo)
 
 
 def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
@@ -241,7 +245,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat import metrics
     from chat.auth import LoginLimit
     from chat.owner_link import LinkedRegistry
-    from chat.ui import CSS, HEAD, live
+    from chat.ui import CSS, HEAD, live_script
     from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
     from chat.ui.gradio_internals import serve_on, warm_event_path
     from chat.ui.page_shell import PageShell, shell_of
@@ -280,8 +284,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     if worker is not None:
         serve_on(worker.listener)
     warm_event_path()  # before listening: a worker is not sent visitors until it listens
-    extra_routes = [*routes(app.service, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login),
-                    *live.routes()]
+    extra_routes = [*routes(app.service, app.logs, app.login, grace_s=args.resume_grace_s, lab=app.lab), *metrics.routes(app.login),
+                    *live_script.routes()]
     app.demo.launch(
         css=CSS,
         theme=THEME,

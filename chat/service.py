@@ -31,7 +31,6 @@ from chat.history import check_text, to_model_messages
 from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
-from chat.reply_log import ReplyStore
 from chat.sampling import Sampling
 from chat.stream import Reply, paced_reply
 
@@ -117,7 +116,6 @@ class ChatService:
     default_preset: str
     has_gpu: bool = False
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
-    logs: ReplyStore = field(default_factory=ReplyStore)  # replies that sockets follow: the API's and the pages'
     _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
 
     # --- presets ---------------------------------------------------------------------------
@@ -242,7 +240,7 @@ class ChatService:
 
     def stop_also_by(self, key: str, other: str | None) -> None:
         """Let stop key `other` stop the replies `key` stops, too (a reply a page began before its
-        turn, once the turn takes it over: chat/early_reply.py)."""
+        turn, once the turn takes it over: chat/live.py)."""
         for ticket in list(self._tickets.get(key, ())):
             self._issue(other, ticket)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chat.api_schema import GRACE_S
 from chat.pacing import FLUSH_S
 from chat.presets import DEFAULT_PRESETS_DIR
-from chat.reply_log import GRACE_S
 from chat.votes import default_path as default_votes_path
 
 DEFAULT_PRESET = "smollm2-135m-cpu"

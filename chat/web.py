@@ -10,17 +10,19 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import BaseRoute, Route
 
 from chat import api
+from chat.api_schema import GRACE_S
 from chat.auth import Login
 from chat.capacity_run import CapacityLab
 from chat.engine import EngineState
-from chat.reply_log import GRACE_S
+from chat.live import ReplyStore
 from chat.service import ChatService
 
 NO_STORE = {"Cache-Control": "no-store"}
 
 
 def routes(
-    service: ChatService, login: Login | None = None, grace_s: float = GRACE_S, lab: CapacityLab | None = None
+    service: ChatService, logs: ReplyStore, login: Login | None = None, grace_s: float = GRACE_S,
+    lab: CapacityLab | None = None,
 ) -> list[BaseRoute]:
     """/healthz (for load balancers: states and counts only), /livez, /status and the /chat WebSocket API."""
     async def healthz(request: Request) -> JSONResponse:
@@ -66,5 +68,5 @@ def routes(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/livez", livez, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
-        *api.routes(service, allows=login.allows if login else None, grace_s=grace_s),
+        *api.routes(service, logs, allows=login.allows if login else None, grace_s=grace_s),
     ]

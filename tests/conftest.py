@@ -170,7 +170,7 @@ def ran_app(*args: str) -> subprocess.CompletedProcess:
 
 
 def early_replies(app: RunningApp, outcome: str) -> float:
-    """How many Chat-tab replies begun over a page's socket ended with `outcome` (chat/early_reply.py)."""
+    """How many Chat-tab replies begun over a page's socket ended with `outcome` (chat/live.py)."""
     with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
         found = re.search(rf'^chat_early_replies_total{{outcome="{outcome}"}} (\S+)$', response.read().decode(), re.M)
     return float(found.group(1)) if found else 0.0

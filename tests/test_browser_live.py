@@ -1,4 +1,4 @@
-"""A reply reads like a finished page while it streams (chat/ui/live.py, live.js): in a real
+"""A reply reads like a finished page while it streams (chat/live.py, chat/ui/live.js): in a real
 browser, sampled several times a second, it never shows Markdown syntax as text, code outside a
 code block, or a block changing form; and text already shown stays where it is."""
 

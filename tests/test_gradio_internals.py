@@ -10,6 +10,7 @@ import pytest
 from gradio.components import State, Textbox
 from gradio.state_holder import SessionState
 
+from chat.live import ReplyStore
 from chat.monitor import Monitor
 from chat.presets import load_presets
 from chat.registry import EngineRegistry
@@ -30,7 +31,7 @@ def page():
     catalog = load_presets()
     registry = EngineRegistry(memory_budget=1e10)  # never started: no engine is needed to build the page
     service = ChatService(catalog, registry, "SmolLM2 135M (CPU)", has_gpu=False)
-    return build_ui(service, Monitor(registry))
+    return build_ui(service, Monitor(registry), ReplyStore())
 
 
 def first(page, kind: type) -> int:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from chat.live import ReplyStore
 from chat.registry import EngineView
 from chat.web import routes
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.unit
 def healthz(workers: list[dict]) -> tuple[int, dict]:
     ready = EngineView(key="k", preset="P", state="ready", status="Ready")
     registry = SimpleNamespace(overview=lambda: [ready], workers=lambda: workers)
-    app = Starlette(routes=[r for r in routes(SimpleNamespace(registry=registry, logs=None)) if r.path == "/healthz"])
+    app = Starlette(routes=[r for r in routes(SimpleNamespace(registry=registry), ReplyStore()) if r.path == "/healthz"])
 
     async def ask() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:

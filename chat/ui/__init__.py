@@ -13,6 +13,7 @@ import gradio as gr
 from chat.admin import Admins
 from chat.capacity_run import CapacityLab
 from chat.compare_service import CompareService
+from chat.live import ReplyStore
 from chat.monitor import Monitor
 from chat.service import ChatService
 from chat.ui import gradio_internals
@@ -22,7 +23,7 @@ from chat.ui.compare_api import compare_api
 from chat.ui.compare_tab import compare_tab
 from chat.ui.lazy import build_when_opened
 from chat.ui.leaderboard_tab import Standings, leaderboard_api, leaderboard_tab
-from chat.ui.live import HEAD as LIVE_SCRIPT
+from chat.ui.live_script import HEAD as LIVE_SCRIPT
 from chat.ui.monitor_tab import monitor_tab
 from chat.ui.reply_api import reply_api
 from chat.ui.style import CSS
@@ -39,11 +40,12 @@ QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_prog
 
 
 def build_ui(
-    service: ChatService, monitor: Monitor, *, concurrency_limit: int | None = None,
+    service: ChatService, monitor: Monitor, logs: ReplyStore, *, concurrency_limit: int | None = None,
     store: VoteStore | None = None, admins: Admins | None = None, lab: CapacityLab | None = None,
 ) -> gr.Blocks:
-    """The page. Without a vote store, votes last only in the page and there is no Leaderboard tab;
-    without anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
+    """The page; its tabs write the replies a page follows into `logs` (which /chat serves).
+    Without a vote store, votes last only in the page and there is no Leaderboard tab; without
+    anyone who can be an administrator (`--admins`, `--admin-local`), no Capacity tab."""
     gradio_internals.install()
     admins = admins or Admins()
     comparisons = CompareService(service)  # one for the tab and the API: one turn at a time per session
@@ -57,9 +59,9 @@ def build_ui(
         # Only Chat is made with the page; the others when first opened (chat/ui/lazy.py says why).
         with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
-                chat_tab(service, concurrency_limit=concurrency_limit)
+                chat_tab(service, logs, concurrency_limit=concurrency_limit)
             with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_page:
-                build_when_opened(compare_page, lambda: compare_tab(comparisons, demo, tabs, store))
+                build_when_opened(compare_page, lambda: compare_tab(comparisons, logs, demo, tabs, store))
             standings = Standings(store) if store is not None else None
             if standings is not None:
                 with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_page:

@@ -14,16 +14,17 @@ from typing import Any
 
 import gradio as gr
 
-from chat import early_reply
+from chat import live
 from chat.errors import ChatError
 from chat.history import text_of
+from chat.live import ReplyStore
 from chat.presets import Preset
 from chat.sampling import KNOB_NAMES, KNOBS, Knob
-from chat.service import ChatService, ReplyEvent, ReplyRequest
+from chat.service import ChatService, ReplyRequest
 from chat.stats import READING
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
 from chat.ui.gradio_internals import ChatParts, chat_parts
-from chat.ui.live import live_reply
+from chat.ui.live_script import is_browser
 from chat.ui.messages import conversation_file, event_messages, live_messages
 from chat.ui.preset_card import preset_card
 
@@ -95,15 +96,15 @@ DOWNLOAD_SAVED = """async () => {
 }"""
 
 
-def chat_tab(service: ChatService, *, concurrency_limit: int | None) -> None:
+def chat_tab(service: ChatService, logs: ReplyStore, *, concurrency_limit: int | None) -> None:
     """The chat with its settings; Stop, the engine's load and Save beneath the chat."""
     with gr.Row(equal_height=False, elem_id="chat-layout"):
         settings = settings_panel(service)  # first, so the chat finds its inputs rendered (CSS puts it right)
         with gr.Column(scale=3, min_width=300, elem_id="chat-main"):
-            chat_column(service, settings, concurrency_limit=concurrency_limit)
+            chat_column(service, logs, settings, concurrency_limit=concurrency_limit)
 
 
-def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: int | None) -> None:
+def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, concurrency_limit: int | None) -> None:
     """The chat: its title, the conversation, the message box, and Stop, Save and the engine line."""
     default = service.preset(None)
     assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
@@ -117,7 +118,7 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", scale=1, min_height=420, render=False,
                          buttons=["copy", "copy_all"])
     validator = lambda message, *rest: gr.validate(bool(str(message).strip()), "Type a message first.")  # noqa: E731
-    respond = replies(service)
+    respond = replies(service, logs)
     chat = gr.ChatInterface(
         fn=respond,
         additional_inputs=settings.inputs,
@@ -143,14 +144,14 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     parts = chat_parts(chat)
     chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
     chat.new_chat_button.parent.elem_id = "chat-history"
-    # The page begins the reply over its socket as it sends the turn (chat/early_reply.py), unless
+    # The page begins the reply over its socket as it sends the turn (chat/live.py), unless
     # turns wait their turn here: a reply begun at once would not.
     inputs = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
     begin = None if concurrency_limit is not None else (
         f"(...values) => window.chatLive ? window.chatLive.begin(values.slice(0, {len(inputs)}), {json.dumps(KNOB_NAMES)})"
         f" : values.slice(0, {len(inputs)})")
     textbox.submit(
-        typed_turn(service, chatbot), inputs, [textbox, chatbot, parts.history], js=begin,
+        typed_turn(service, logs, chatbot), inputs, [textbox, chatbot, parts.history], js=begin,
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
@@ -162,16 +163,16 @@ def chat_column(service: ChatService, settings: Settings, *, concurrency_limit: 
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
 
 
-def replies(service: ChatService) -> Callable[..., AsyncIterator[list[gr.ChatMessage]]]:
+def replies(service: ChatService, logs: ReplyStore) -> Callable[..., AsyncIterator[list[gr.ChatMessage]]]:
     """The ChatInterface's function (and the /chat API's): one reply to a message, as chat messages.
-    A page gets the text live (chat/ui/live.py) and Gradio's redraws once a second."""
+    A page gets the text live (chat/live.py) and Gradio's redraws once a second."""
     async def respond(
         message: str, history: list[dict[str, Any]], request: gr.Request, preset_name: str, system_prompt: str,
         *knob_values: float,
     ) -> AsyncIterator[list[gr.ChatMessage]]:
         # Gradio passes the request where the signature names it; only parameters before *args count.
         ask = reply_request(message, history, request, preset_name, system_prompt, knob_values)
-        async for messages in reply_messages(service, ask, request):
+        async for messages in reply_messages(service, logs, ask, request):
             yield messages
 
     name_knob_parameters(respond)
@@ -186,38 +187,36 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
     )
 
 
-async def reply_messages(service: ChatService, ask: ReplyRequest, request: gr.Request,
-                         early: early_reply.EarlyReply | None = None) -> AsyncIterator[list[gr.ChatMessage]]:
+async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyRequest, request: gr.Request,
+                         early: live.EarlyReply | None = None) -> AsyncIterator[list[gr.ChatMessage]]:
     """The reply as chat messages, from the pipeline or from the reply the page began (`early`)."""
-    events: AsyncIterator[ReplyEvent] = early.events() if early is not None else service.reply(ask)
-    live = live_reply(events, service.logs, request, early.live if early is not None else None)
-    async with contextlib.aclosing(live) as shown:
+    async with contextlib.aclosing(live.live_reply(service, logs, ask, is_browser(request), early)) as shown:
         async for event, live_id in shown:
             yield event_messages(event, live_id)
 
 
-def typed_turn(service: ChatService, chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
+def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
     async def turn(
         message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
         *values: Any,
     ) -> AsyncIterator[tuple[Any, Any, Any]]:
         """A message typed on the page, the whole turn in one queued event: the message box, the
         chat, and (at the end) the server's copy of the chat. The last value is the id of the reply
-        the page began for it (chat/early_reply.py), or empty."""
+        the page began for it (chat/live.py), or empty."""
         *knob_values, began = values
         if not str(message).strip():
             gr.Warning("Type a message first.")
             yield gr.skip(), gr.skip(), gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
-        early = early_reply.claim(service, began, ask) if isinstance(began, str) and began else None
+        early = live.claim(service, logs, began, ask) if isinstance(began, str) and began else None
         asked = [*(history or []), {"role": "user", "content": message}]
         # A reply the page began is under way: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.
         begun = live_messages(early.live.log.id, "", READING) if early is not None else []
         yield gr.update(value="", interactive=False), [*asked, *begun], gr.skip()
         reply: list[gr.ChatMessage] = []
-        async for reply in reply_messages(service, ask, request, early):
+        async for reply in reply_messages(service, logs, ask, request, early):
             yield gr.skip(), [*asked, *reply], gr.skip()
         done = [*asked, *reply]
         # The server's copy in the form the page sends back (what retry, undo and the saved chats read).

@@ -24,12 +24,13 @@ from chat.compare import LABELS, MAX_COLUMNS, Comparison
 from chat.compare_report import write_exports
 from chat.compare_service import Begun, Busy, CompareEvent, CompareService, Job, Redraw
 from chat.errors import ChatError, InputError
+from chat.live import ReplyStore, live_columns
 from chat.sampling import KNOB_NAMES, Knob
 from chat.share_link import decode_link, encode_link
 from chat.ui.compare_view import column_messages, summary_frames
 from chat.ui.components import PlainNumber, PlainSlider
 from chat.ui.downloads import new_folder
-from chat.ui.live import live_columns
+from chat.ui.live_script import is_browser
 from chat.ui.messages import PROBLEM
 from chat.ui.tables import Table
 from chat.voters import Voter
@@ -77,8 +78,9 @@ def knob_input(knob: Knob, slot: int) -> gr.components.Component:
 class CompareTab:
     """The tab's components, and its events as methods (each returns updates keyed by component)."""
 
-    def __init__(self, comparisons: CompareService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> None:
-        self.comparisons, self.service = comparisons, comparisons.service
+    def __init__(self, comparisons: CompareService, logs: ReplyStore, demo: gr.Blocks, tabs: gr.Tabs,
+                 store: VoteStore | None = None) -> None:
+        self.comparisons, self.service, self.logs = comparisons, comparisons.service, logs
         self.store = store  # where votes last (None: in this page only)
         self.demo, self.tabs = demo, tabs  # a share link opens this tab when the page loads
         names = self.service.preset_names()
@@ -235,9 +237,9 @@ class CompareTab:
                     first: Callable[[Begun], dict[Any, Any]]) -> AsyncGenerator[dict[Any, Any], None]:
         """Write a turn (`send(every_s)`: the service's send or rerun): `first` once it is in the
         record, then the columns as they are written, then the summary, votes and exports. A page
-        gets each column's text live (chat/ui/live.py), and Gradio's redraws once a second."""
+        gets each column's text live (chat/live.py), and Gradio's redraws once a second."""
         jobs: list[Job] = []
-        async with contextlib.aclosing(live_columns(send, self.service.logs, request)) as events:
+        async with contextlib.aclosing(live_columns(send, self.logs, is_browser(request))) as events:
             async for event, live_ids in events:
                 if isinstance(event, Begun):
                     board.comparison, jobs = event.comparison, event.jobs
@@ -351,5 +353,6 @@ class CompareTab:
                 self.status: "Opened from a share link: press Send to run it."}
 
 
-def compare_tab(comparisons: CompareService, demo: gr.Blocks, tabs: gr.Tabs, store: VoteStore | None = None) -> CompareTab:
-    return CompareTab(comparisons, demo, tabs, store)
+def compare_tab(comparisons: CompareService, logs: ReplyStore, demo: gr.Blocks, tabs: gr.Tabs,
+                store: VoteStore | None = None) -> CompareTab:
+    return CompareTab(comparisons, logs, demo, tabs, store)

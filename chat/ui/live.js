@@ -1,6 +1,6 @@
 // Live reply text: follow replies over the page's WebSocket (/chat, "watch") and render each one as
 // Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
-// chat/ui/live.py explains why. window.chatLive.begin starts a typed message's reply (chat/early_reply.py);
+// chat/live.py and chat/ui/live_script.py explain why. window.chatLive.begin starts a typed message's reply (chat/live.py);
 // render and connected are for the browser tests.
 (() => {
   const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean}
@@ -194,7 +194,7 @@
   }
 
   // A typed message: its reply starts over the socket now, and the Gradio turn sent with the
-  // returned inputs (the reply's id last) takes it over (chat/early_reply.py). `inputs` are the
+  // returned inputs (the reply's id last) takes it over (chat/live.py). `inputs` are the
   // turn's: the message, the chat, the preset, the system prompt, the knobs named in `knobs`, and
   // a slot for the id (left empty when the socket is not open).
   function begin(inputs, knobs) {

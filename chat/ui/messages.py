@@ -74,7 +74,7 @@ def live_line(live_id: str, line: str) -> str:
 
 def event_messages(event: ReplyEvent, live_id: str | None = None) -> list[gr.ChatMessage]:
     """A reply as it stands after one event of the pipeline: its text, and the line beneath it.
-    With `live_id` (a LiveText's log), the page's script renders the text as it arrives (chat/ui/live.py)."""
+    With `live_id` (a LiveText's log), the page's script renders the text as it arrives (chat/ui/live_script.py)."""
     if isinstance(event, Waiting):
         return [annotation(f"{WAITING} {event.status}", pending=True)]
     if isinstance(event, Writing) and live_id is not None:

@@ -105,7 +105,7 @@ CSS = """
 /* Room for the scrollbar from the start: without it the whole page jumps sideways when the chat
    grows taller than the window (Lighthouse measured a layout shift of 0.59 on a desktop). */
 html { scrollbar-gutter: stable; }
-/* A reply being written: the page renders it into its box (chat/ui/live.py). Gradio's own copy
+/* A reply being written: the page renders it into its box (chat/ui/live_script.py). Gradio's own copy
    after the box, drawn now and then, shows only while the box is empty (until the first text comes,
    or where the page's script cannot follow the text). */
 .live-reply:not(:empty) ~ * { display: none !important; }

@@ -1,5 +1,5 @@
-"""A Chat-tab reply the page begins over its socket before Gradio runs the turn (chat/early_reply.py):
-taken over by the turn only when asked for exactly the same, ended when nobody takes it over."""
+"""Replies as sockets follow them (chat/live.py): a Chat-tab reply the page begins over its socket before
+Gradio runs the turn is taken over by the turn only when asked for exactly the same, and ended when nobody takes it over."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 import websockets
 
 from chat.client import websocket_url
-from chat.early_reply import claim, same_turn
-from chat.reply_log import ReplyStore
+from chat.live import ReplyStore, claim, same_turn
 from chat.service import ReplyRequest
 from chat.stats import REPLIED
 from tests.conftest import early_replies
@@ -44,15 +43,14 @@ def test_a_turn_takes_over_only_a_reply_begun_for_exactly_its_inputs():
 def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_never_left_to_run():
     """The socket and Gradio's request are two connections: the turn may be run first. Then the id
     is taken (the socket's `begin` is refused as a duplicate: chat/api.py) and the turn writes its own."""
-    class Service:  # only what `claim` touches before the reply exists: the logs
-        logs = ReplyStore()
-
+    logs = ReplyStore()
     log_id = new_id()
-    assert claim(Service(), log_id, ReplyRequest("Hi")) is None  # type: ignore[arg-type]
-    taken = Service.logs.get(log_id)
+    # `claim` touches only the logs before the reply exists: no service
+    assert claim(None, logs, log_id, ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    taken = logs.get(log_id)
     assert taken is not None and not taken.running and taken.early is None
-    assert claim(Service(), "live-not-a-page-id", ReplyRequest("Hi")) is None  # type: ignore[arg-type]
-    assert Service.logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
+    assert claim(None, logs, "live-not-a-page-id", ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    assert logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
 
 
 def begin(log_id: str, message: str, max_tokens: int = 400) -> str:

@@ -173,7 +173,6 @@ class LiveText:
             self.log.end()
 
 
-
 def stop_key(log_id: str) -> str:
     return f"early:{log_id}"
 

@@ -5,14 +5,15 @@ browser to the engine and back").
 
 Runs app.py with one UI worker (the CPU default; a worker process of several is not traced) under
 bench/traced_app.py (every call from one module of chat/ into another is recorded while a message
-is under way) and sends one message each way: typed on the Chat tab of a
-page in Chromium, a comparison's prompt on the Compare tab (two columns), one reply over the
-WebSocket API (`python -m chat.client`) and one through the Gradio API's /reply. For each it prints
-the modules on the path, from how many other modules and how many places of theirs each is
-entered (more than one place: entered again), and the helpers beside the path. A place is a function (with the comprehensions and
-lambdas inside it): calls repeated per token, per redraw or per column, and several calls from one
-function, count once; calls within a module are not entries. Calls made by the app's own background work (the engine line's polling, Monitor, the registry's watch) are left out: their
-entry points are listed in BACKGROUND and their calls are reported apart.
+is under way) and sends one message each way: typed on the Chat tab of a page in Chromium, a
+comparison's prompt on the Compare tab (two columns), one reply over the WebSocket API
+(`python -m chat.client`) and one through the Gradio API's /reply. For each it prints the modules
+on the path, from how many other modules and how many places of theirs each is entered (more than
+one place: entered again), and the helpers beside the path. A place is a function (with the
+comprehensions and lambdas inside it): calls repeated per token, per redraw or per column, and
+several calls from one function, count once; calls within a module are not entries. Calls made by
+the app's own background work (the engine line's polling, Monitor, the registry's watch) are left
+out: their entry points are listed in BACKGROUND and their calls are reported apart.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The WebSocket API's wire format: requests as pydantic models, and errors as codes plus sentences.
 
 chat/api.py serves it; the docstring there shows a conversation. Every refusal carries a `code`
-for programs and a `message` for people.
+for programs and a `message` for people. `GRACE_S` is the contract's one time: how long a client
+whose connection dropped has to resume its replies (`--resume-grace-s` changes it).
 """
 
 from __future__ import annotations

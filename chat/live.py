@@ -11,7 +11,8 @@ with hundreds of replies at once that work, not the engine, set the pace (bench/
 measures it). So a page's reply goes through `LiveText`: its new text goes into a log, which the
 page's script (chat/ui/live.js) follows over /chat ("watch") and renders as Markdown, and Gradio
 redraws the reply only now and then (`live_reply` for the Chat tab, `live_columns` for a
-comparison, each giving back only the redraws that are due, with the logs' ids).
+comparison, each giving back only the redraws that are due, with the logs' ids). The page's side
+(the box each redraw starts a reply with, live.js, its Markdown parser) is chat/ui/live_script.py.
 
 A typed message used to reach the engine only after Gradio's protocol had run: the turn's join
 request, the queue (8-11 ms of one stream's first token on the H200, README "Several UI workers")
@@ -49,8 +50,9 @@ KEEP_S = 120.0  # a finished reply's events stay resumable this long
 KEEP_MAX = 256  # and at most this many finished replies are kept
 REDRAW_S = 1.0  # Gradio redraws a page's live reply at most this often (the page's box shows the rest)
 LINE_EVERY_S = 0.1  # the line beneath a page's live reply travels with its text at most this often
-CLAIM_S = 120.0  # longer than any wait in Gradio's queue for a turn that was sent with it
-PAGE_LOG_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it begins
+
+
+# Each reply's log, the store of them all, and a page's live text in a log.
 
 
 class ReplyLog:
@@ -173,6 +175,12 @@ class LiveText:
             self.log.end()
 
 
+# The reply a page begins before its turn.
+
+CLAIM_S = 120.0  # longer than any wait in Gradio's queue for a turn that was sent with it
+PAGE_LOG_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it begins
+
+
 def stop_key(log_id: str) -> str:
     return f"early:{log_id}"
 
@@ -260,7 +268,7 @@ def begin(service: ChatService, logs: ReplyStore, log_id: str, request: ReplyReq
     return live.log
 
 
-def claim(service: ChatService, logs: ReplyStore, log_id: str, request: ReplyRequest) -> EarlyReply | None:
+def claim(logs: ReplyStore, log_id: str, request: ReplyRequest) -> EarlyReply | None:
     """The reply the page began under `log_id`, for the turn that asks `request`; None when there
     is none to take (then the turn starts its own, and a reply begun for other inputs is aborted)."""
     if not PAGE_LOG_ID.fullmatch(log_id):
@@ -285,12 +293,16 @@ def claim(service: ChatService, logs: ReplyStore, log_id: str, request: ReplyReq
     return early
 
 
+# What a tab hands over: its events, whole; what Gradio should draw comes back.
+
+
 async def live_reply(service: ChatService, logs: ReplyStore, request: ReplyRequest, browser: bool,
                      early: EarlyReply | None = None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
     """The Chat tab's reply as Gradio should draw it: the pipeline's events for `request` (or those of
     the reply the page began, `early`, whose text is in its log already), each with the id of the log
     a page follows (None for a program, which gets every event). For a page (`browser`) every piece of
-    text goes into the log and only the redraws that are due come through."""
+    text goes into the log and only the redraws that are due come through. Closing it before the end
+    aborts the reply (the begun one too)."""
     events = early.events() if early is not None else service.reply(request)
     live = early.live if early is not None else LiveText(logs) if browser else None
     try:

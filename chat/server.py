@@ -227,14 +227,14 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     except PresetError as exc:
         raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc
     monitor = Monitor(registry)
-    logs = ReplyStore()
+    reply_logs = ReplyStore()  # one for the tabs and /chat: a page's socket follows what its tabs write
     lab = CapacityLab(service, lease=link) if admins.anyone_can_be else None
     try:
-        demo = build_ui(service, monitor, logs, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
+        demo = build_ui(service, monitor, reply_logs, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
                         lab=lab)
     except UntestedGradio as exc:
         raise Refused(str(exc)) from exc
-    return App(service, registry, default, store, logs, login, link, lab, monitor, demo)
+    return App(service, registry, default, store, reply_logs, login, link, lab, monitor, demo)
 
 
 def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:

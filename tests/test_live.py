@@ -1,5 +1,6 @@
-"""Replies as sockets follow them (chat/live.py): a Chat-tab reply the page begins over its socket before
-Gradio runs the turn is taken over by the turn only when asked for exactly the same, and ended when nobody takes it over."""
+"""The reply a page begins over its socket before Gradio runs the turn (chat/live.py): taken over by
+the turn only when asked for exactly the same, ended when nobody takes it over. (The module's logs
+and live text are tested where sockets follow them: tests/test_api.py, tests/test_browser_live.py.)"""
 
 from __future__ import annotations
 
@@ -45,11 +46,10 @@ def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_n
     is taken (the socket's `begin` is refused as a duplicate: chat/api.py) and the turn writes its own."""
     logs = ReplyStore()
     log_id = new_id()
-    # `claim` touches only the logs before the reply exists: no service
-    assert claim(None, logs, log_id, ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    assert claim(logs, log_id, ReplyRequest("Hi")) is None
     taken = logs.get(log_id)
     assert taken is not None and not taken.running and taken.early is None
-    assert claim(None, logs, "live-not-a-page-id", ReplyRequest("Hi")) is None  # type: ignore[arg-type]
+    assert claim(logs, "live-not-a-page-id", ReplyRequest("Hi")) is None
     assert logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
 
 

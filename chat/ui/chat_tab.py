@@ -209,7 +209,7 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot) -> C
             yield gr.skip(), gr.skip(), gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
-        early = live.claim(service, logs, began, ask) if isinstance(began, str) and began else None
+        early = live.claim(logs, began, ask) if isinstance(began, str) and began else None
         asked = [*(history or []), {"role": "user", "content": message}]
         # A reply the page began is under way: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.

@@ -1,18 +1,20 @@
-"""The reply a page begins over its socket before Gradio runs the turn (chat/live.py): taken over by
-the turn only when asked for exactly the same, ended when nobody takes it over. (The module's logs
-and live text are tested where sockets follow them: tests/test_api.py, tests/test_browser_live.py.)"""
+"""How a reply reaches a socket (chat/live.py): a reply's log and the store of them, a page's live
+text, and the reply a page begins over its socket before Gradio runs the turn, taken over by the turn
+only when asked for exactly the same and ended when nobody takes it over. (Resuming, watching and the
+grace period through a real socket: tests/test_api.py; the page's rendering: tests/test_browser_live.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import secrets
+import time
 
 import pytest
 import websockets
 
 from chat.client import websocket_url
-from chat.live import ReplyStore, claim, same_turn
+from chat.live import LiveText, ReplyLog, ReplyStore, claim, same_turn
 from chat.service import ReplyRequest
 from chat.stats import REPLIED
 from tests.conftest import early_replies
@@ -22,6 +24,62 @@ from tests.test_browser import REPLY_TITLE, send, watch_reply
 
 def new_id() -> str:
     return f"live-{secrets.token_hex(16)}"
+
+
+@pytest.mark.unit
+def test_the_store_keeps_running_replies_and_only_the_latest_finished_ones():
+    logs = ReplyStore(keep_s=60, keep_max=2)
+    running, old, *recent = [ReplyLog(f"r{i}") for i in range(5)]
+    for reply_log in (running, old, *recent):
+        logs.add(reply_log)
+    old.end()
+    old.ended_at = time.monotonic() - 61  # finished longer ago than the store keeps replies
+    for reply_log in recent:
+        reply_log.end()
+    assert logs.get("r1") is None  # too old
+    assert logs.get("r2") is None  # the earliest ended of three, where two are kept
+    assert logs.get("r3") is recent[1] and logs.get("r4") is recent[2]
+    assert logs.get("r0") is running  # never dropped while it runs
+
+
+@pytest.mark.unit
+async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_ends():
+    reply_log = ReplyLog("r")
+    reply_log.add("progress", status="Starting the engine…")
+    for index, text in enumerate(["Hel", "lo", "!"]):
+        reply_log.add("delta", text=text, index=index)
+    position = reply_log.position_after(0)  # the client got "Hel"
+    assert reply_log.position_after(-1) == 0  # got no text: everything again, the progress too
+
+    async def follow() -> list[dict]:
+        return [event async for event in reply_log.follow(position)]
+
+    following = asyncio.create_task(follow())
+    await asyncio.sleep(0)  # it has read what there was and waits for more
+    assert not following.done()
+    reply_log.add("done", finish="stop")
+    reply_log.end()
+    got = await asyncio.wait_for(following, 5)
+    assert [e.get("text", e["type"]) for e in got] == ["lo", "!", "done"]
+    assert all(e["id"] == "r" for e in got)
+
+
+@pytest.mark.unit
+def test_live_text_writes_only_the_new_text_and_gradio_redraws_only_when_due():
+    logs = ReplyStore()
+    live = LiveText(logs, redraw_s=3600)
+    assert logs.get(live.log.id) is live.log and live.log.id.startswith("live-")
+    live.write("Hel", "Writing… 0:00")
+    live.write("Hel", "Writing… 0:00")  # nothing new: nothing written
+    live.write("Hello", None)
+    deltas = [e for e in live.log.events if e["type"] == "delta"]
+    assert [(e["text"], e["index"]) for e in deltas] == [("Hel", 0), ("lo", 1)]
+    assert deltas[0]["line"] == "Writing… 0:00" and "line" not in deltas[1]
+    assert live.redraw_due() and not live.redraw_due()  # the first text at once, then every redraw_s
+    live.end()
+    live.end()  # once only
+    assert [e["type"] for e in live.log.events][-1:] == ["done"] and not live.log.running
+    assert sum(e["type"] == "done" for e in live.log.events) == 1
 
 
 @pytest.mark.unit

@@ -7,10 +7,13 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from chat.front_door import NO_WORKER, caddy_binary, caddyfile
 from tests.conftest import free_port
 
 
+@pytest.mark.app  # a real server over HTTP, waiting out Caddy's retry time (5 s): not the unit tier's pure logic
 def test_with_no_worker_answering_the_front_door_says_so_plainly_and_logs_no_error(tmp_path):
     """While the app starts (or all its workers are being replaced) a request waits for a worker,
     then gets a sentence and when to try again; an operator's log gets no error for it."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import json
 import os
 import re
@@ -30,6 +29,7 @@ OUTPUT = ROOT / "tests" / "output"
 
 
 TIERS = ("unit", "engine", "app", "browser")
+EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clean-up (pytest_unconfigure)
 # A test's tier, when its module does not say: the heaviest of what its fixtures start.
 TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client", "workers_app"}, "engine": {"engine", "registry"}}
 
@@ -50,11 +50,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The session has ended: what it imported (vLLM, torch, Gradio) is millions of objects that the
-    interpreter's exit would walk again in each of its garbage collections, 2.5-4.5 s of every run
-    (scripts/test --fast: 27 s of tests, 32 s in all). Frozen, they are left to the exit to free."""
-    gc.freeze()
+    """The session has ended and said so: leave at once. What it imported (vLLM, torch, Gradio) is
+    millions of objects, which the interpreter's exit would walk in several garbage collections,
+    3-4.5 s of every run (scripts/test --fast: 27 s of tests, 32 s in all), and which nobody needs
+    freed (the fixtures have stopped every engine, server and browser the tests started)."""
+    status = config.stash.get(EXIT_STATUS, None)
+    if status is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 @pytest.fixture(scope="session")
 def default_preset():

@@ -49,7 +49,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tier)
 
 
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[EXIT_STATUS] = int(exitstatus)
 
@@ -58,13 +57,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session has ended and said so: leave at once. What it imported (vLLM, torch, Gradio) is
     millions of objects, which the interpreter's exit would walk in several garbage collections,
-    3-4.5 s of every run (scripts/test --fast: 27 s of tests, 32 s in all), and which nobody needs
-    freed (the fixtures have stopped every engine, server and browser the tests started)."""
+    3-9 s of every run by the machine's speed (README "Developing"), and which nobody needs freed:
+    the fixtures have stopped every engine, server and browser the tests started."""
     status = config.stash.get(EXIT_STATUS, None)
     if status is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
 
 @pytest.fixture(scope="session")
 def default_preset():

@@ -57,7 +57,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session has ended and said so: leave at once. What it imported (vLLM, torch, Gradio) is
     millions of objects, which the interpreter's exit would walk in several garbage collections,
-    3-9 s of every run by the machine's speed (README "Developing"), and which nobody needs freed:
+    4-12 s of every run by the machine's speed (README "Developing"), and which nobody needs freed:
     the fixtures have stopped every engine, server and browser the tests started."""
     status = config.stash.get(EXIT_STATUS, None)
     if status is not None:

@@ -43,10 +43,14 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list:
             leave = None
             if abandon_every and i % abandon_every == 0:
                 leave = "cancel" if (i // abandon_every) % 2 == 0 else "disconnect"
-            # A reader who leaves asks for a long reply, so it is still being written when they go
-            # (a 24-token one can end within the two updates it waits for when the machine is busy).
-            max_tokens = 400 if leave else 24
-            jobs.append(client.chat(data(f"Conversation {i}: name {i % 7 + 2} colours.", max_tokens), leave=leave))
+            # A reader who leaves asks for a long reply, so it is still being written when they go: a
+            # 24-token one can end within the two updates it waits for when the machine is busy, and
+            # so could a list of colours within 400 (the model ended one on its own in a slow hour).
+            if leave:
+                message, max_tokens = f"Conversation {i}: write a long story about {i % 7 + 2} colours.", 400
+            else:
+                message, max_tokens = f"Conversation {i}: name {i % 7 + 2} colours.", 24
+            jobs.append(client.chat(data(message, max_tokens), leave=leave))
         return await asyncio.gather(*jobs)
 
 

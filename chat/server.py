@@ -39,6 +39,7 @@ log = logging.getLogger("chat")
 QUEUE_SLOTS = 1024
 MAX_UPLOAD = "1mb"  # the page takes no uploads; Gradio's /upload would otherwise store a file of any size
 CLOSE_WAIT_S = 30.0
+STOPPING_WITHIN_S = 1.0  # how long a process frozen by the stop may take to stop (it may wait on the disk)
 END_STARTS_WITHIN_S = 60.0  # a start gives up within a second of its processes' end; this is a backstop
 
 
@@ -113,9 +114,7 @@ def end_starting_engines(registry: EngineRegistry) -> None:
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if child.name().startswith("VLLM::") and child not in doomed:
-                    for process in (child, *child.children(recursive=True)):
-                        process.suspend()  # before it can start another or see one end
-                        doomed.append(process)
+                    freeze(child, doomed)
         if doomed and not told:
             names = ", ".join(repr(engine.preset.name) for engine in list(registry.building.values()))
             log.info("Stopping the engine for %s while it starts", names)
@@ -124,6 +123,27 @@ def end_starting_engines(registry: EngineRegistry) -> None:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         time.sleep(0.1)
+
+
+def freeze(process: Any, frozen: list[Any]) -> None:
+    """Stop `process` and everything it started, each before it can start another or see one end.
+    Its children are listed once it has stopped: a process it was spawning at that moment is among
+    them (listed before, that one was missed, and once its parent was killed it printed an EOFError
+    with a traceback into the app's log, finding no preparation data to read)."""
+    import psutil
+
+    process.suspend()
+    frozen.append(process)
+    deadline = time.monotonic() + STOPPING_WITHIN_S
+    # SIGSTOP takes effect when the process next runs: within milliseconds, unless it waits on the disk.
+    with contextlib.suppress(psutil.Error):
+        while process.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) \
+                and time.monotonic() < deadline:
+            time.sleep(0.002)
+    for child in process.children():
+        with contextlib.suppress(psutil.Error):
+            if child not in frozen:
+                freeze(child, frozen)
 
 
 def end_children() -> None:

@@ -165,6 +165,9 @@ def test_history_survives_a_reload_with_its_stats(page):
     send(page, "And about cats?", max_tokens=SHORT)  # it goes on in the same saved chat
     page.wait_for_function(f"[...document.querySelectorAll({REPLY_TITLE!r})].filter(t => t.innerText.includes({REPLIED!r})).length === 2",
                            timeout=90_000)
+    # The turn is over (the message box takes text again), and with it the chat is saved: a New chat
+    # clicked now is what a reload shows, not overtaken by a save still on its way.
+    page.wait_for_function("!document.querySelector('#message textarea').disabled")
     page.locator("#new-chat").click()  # a new chat is what a reload then shows
     page.wait_for_function("!document.querySelector('#chatbot').innerText.includes('owls')")
     page.reload()

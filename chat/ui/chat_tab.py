@@ -146,20 +146,22 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     chat.new_chat_button.parent.elem_id = "chat-history"
     # The page begins the reply over its socket as it sends the turn (chat/live.py), unless
     # turns wait their turn here: a reply begun at once would not.
-    inputs = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
+    asked = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
     begin = None if concurrency_limit is not None else (
-        f"(...values) => window.chatLive ? window.chatLive.begin(values.slice(0, {len(inputs)}), {json.dumps(KNOB_NAMES)})"
-        f" : values.slice(0, {len(inputs)})")
+        f"(...values) => window.chatLive ? [...window.chatLive.begin(values.slice(0, {len(asked)}), {json.dumps(KNOB_NAMES)}),"
+        f" ...values.slice({len(asked)}, {len(asked) + 2})] : values.slice(0, {len(asked) + 2})")
+    # Which saved chat the page shows, kept in the browser so that a reload reopens it (none after New chat).
+    shown = gr.BrowserState({"index": None}, storage_key="chat_shown_conversation")
     textbox.submit(
-        typed_turn(service, logs, chatbot), inputs, [textbox, chatbot, parts.history], js=begin,
+        typed_turn(service, logs, chatbot, parts.save), [*asked, parts.conversation_id, parts.saved],
+        [textbox, chatbot, parts.history, parts.conversation_id, parts.saved, shown], js=begin,
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
         preprocess=False,
-    ).then(parts.save, [parts.conversation_id, parts.history, parts.saved], [parts.conversation_id, parts.saved],
-           queue=False, api_visibility="undocumented", show_progress="hidden")
+    )
     status = chat_actions(service, chatbot, textbox)
-    reopen_where_left(chat, chatbot, parts)
+    reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
 
 
@@ -195,18 +197,21 @@ async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyReque
             yield event_messages(event, live_id)
 
 
-def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot) -> Callable[..., AsyncIterator[tuple[Any, Any, Any]]]:
+def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
+               save: Callable[..., tuple[Any, Any]]) -> Callable[..., AsyncIterator[tuple[Any, ...]]]:
     async def turn(
         message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
         *values: Any,
-    ) -> AsyncIterator[tuple[Any, Any, Any]]:
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """A message typed on the page, the whole turn in one queued event: the message box, the
-        chat, and (at the end) the server's copy of the chat. The last value is the id of the reply
-        the page began for it (chat/live.py), or empty."""
-        *knob_values, began = values
+        chat, and at the end the server's copy of the chat, the chat saved in the browser, and
+        which saved chat is shown. After the knobs come the id of the reply the page began for it
+        (chat/live.py) or empty, the saved chat's index and the saved chats."""
+        *knob_values, began, conversation_id, saved = values
+        unchanged = (gr.skip(),) * 4
         if not str(message).strip():
             gr.Warning("Type a message first.")
-            yield gr.skip(), gr.skip(), gr.skip()
+            yield gr.skip(), *unchanged, gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
         early = live.claim(logs, began, ask) if isinstance(began, str) and began else None
@@ -214,15 +219,22 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot) -> C
         # A reply the page began is under way: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.
         begun = live_messages(early.live.log.id, "", READING) if early is not None else []
-        yield gr.update(value="", interactive=False), [*asked, *begun], gr.skip()
+        yield gr.update(value="", interactive=False), [*asked, *begun], *unchanged
         reply: list[gr.ChatMessage] = []
         async for reply in reply_messages(service, logs, ask, request, early):
-            yield gr.skip(), [*asked, *reply], gr.skip()
+            yield gr.skip(), [*asked, *reply], *unchanged
         done = [*asked, *reply]
         # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
-        yield gr.update(interactive=True), done, chatbot.preprocess(chatbot.postprocess(done))
+        copy = chatbot.preprocess(chatbot.postprocess(done))
+        # Saved in the same update that ends the turn, not by an event after it: a New chat clicked
+        # once the turn is over can no longer be overtaken by the save (which would reopen the old
+        # chat on a reload, and send the next message into it).
+        if not isinstance(saved, list) or not isinstance(conversation_id, int) or not 0 <= conversation_id < len(saved):
+            conversation_id, saved = None, saved if isinstance(saved, list) else []  # saved anew, at the top
+        conversation_id, saved = save(conversation_id, copy, saved)
+        yield gr.update(interactive=True), done, copy, conversation_id, saved, {"index": conversation_id}
 
-    name_knob_parameters(turn, then=["began"])
+    name_knob_parameters(turn, then=["began", "conversation_id", "saved"])
     return turn
 
 
@@ -289,15 +301,18 @@ def switch_presets(service: ChatService, settings: Settings, title: gr.Markdown,
     ).then(warm_up, [settings.preset], [status], **INTERNAL)
 
 
-def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatParts) -> None:
+def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatParts, shown: gr.BrowserState) -> None:
     """A reload puts the page back in the conversation it showed, with its stats: which saved chat
-    that was is kept in the browser beside the saved chats themselves (none after New chat)."""
-    # In a dict: the page stores no false value (0, the newest chat, included).
-    shown = gr.BrowserState({"index": None}, storage_key="chat_shown_conversation")
+    that was is kept in the browser (`shown`, {"index": None} after New chat: the page stores no
+    false value, 0 included) beside the saved chats themselves."""
     quiet = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
-    # Every save (a reply, retry, edit, undo, an example) changes the saved chats, and with them
-    # which one is shown; so do New chat and picking a saved chat, without saving.
-    parts.saved.change(lambda index: {"index": index}, [parts.conversation_id], [shown], **quiet)
+
+    # Every save (retry, edit, undo, an example; a typed turn says so itself) changes the saved
+    # chats, and with them which one is shown; so do New chat and picking a saved chat, without saving.
+    def follow_save(index: int | None, current: Any) -> Any:
+        return gr.skip() if current == {"index": index} else {"index": index}
+
+    parts.saved.change(follow_save, [parts.conversation_id, shown], [shown], **quiet)
     chat.new_chat_button.click(None, None, [shown], js="() => ({index: null})", **quiet)  # in the page, at once
     chat.chat_history_dataset.click(lambda index: {"index": index}, [chat.chat_history_dataset], [shown], **quiet)
 

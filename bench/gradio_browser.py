@@ -112,11 +112,11 @@ class Tab:
 
     async def _begin(self, event: Event, data: list[Any]) -> None:
         """What live.js does as a typed message is sent: begin its reply over the socket, its id the
-        turn's last input (when the page has that input and its socket is open)."""
-        if self._socket is None or not event.begins:
+        turn's input `began` (when the page has that input and its socket is open)."""
+        if self._socket is None or event.began is None:
             return
-        message, history, preset, system_prompt, *knobs = data[:-1]
-        data[-1] = log_id = f"live-{secrets.token_hex(16)}"
+        message, history, preset, system_prompt, *knobs = data[:event.began]
+        data[event.began] = log_id = f"live-{secrets.token_hex(16)}"
         if self.watch is not None and self.watch.component in event.outputs:
             self.watch.begun = log_id
         await self._socket.send(json.dumps({

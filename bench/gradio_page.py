@@ -27,7 +27,9 @@ class Event:
     only_on_failure: bool
     backend: bool
     api_name: str | None
-    begins: bool = False  # its page-side script begins the reply over the socket (live.js's chatLive.begin)
+    # Where its page-side script (live.js's chatLive.begin) puts the id of the reply it begins over
+    # the socket: the position of the input named `began`; None when it begins none.
+    began: int | None = None
 
 
 class Page:
@@ -51,7 +53,7 @@ class Page:
             event = Event(d["id"], tuple(d["inputs"]), tuple(d["outputs"]), bool(d["queue"]),
                           bool(d["types"]["generator"]), d.get("trigger_after"), bool(d.get("trigger_only_on_success")),
                           bool(d.get("trigger_only_on_failure")), bool(d["backend_fn"]), d.get("api_name"),
-                          "chatLive.begin" in (d.get("js") or ""))
+                          self._began(d))
             self.events[event.id] = event
             if event.after is not None:
                 self.followers[event.after].append(event)
@@ -61,6 +63,12 @@ class Page:
 
     def stateful(self, component: int) -> bool:
         return self.types.get(component) == "state"  # held by the server per session; the browser sends null
+
+    def _began(self, dependency: dict[str, Any]) -> int | None:
+        began = self.elem_ids.get("began")
+        if "chatLive.begin" not in (dependency.get("js") or "") or began not in dependency["inputs"]:
+            return None
+        return list(dependency["inputs"]).index(began)
 
     def component(self, elem_id: str) -> int:
         if elem_id not in self.elem_ids:

@@ -231,7 +231,13 @@ def test_script_in_a_message_never_runs(page):
     assert page.locator("#chatbot [onerror], #chatbot [onmouseover]").count() == 0
 
 
-def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_server):
+def test_closing_the_tab_aborts_its_reply(browser, app_server):
+    """The engine is freed for others at once: the reply counts as cut short, not run to its end
+    (it asks for a very long story). How soon, on a loaded machine, is not asserted here."""
+    from tests.test_load import replies_counted
+
+    app_server.wait_idle(timeout=60)  # the counts are this reply's alone
+    before = replies_counted(app_server.url)
     context = browser.new_context()
     page = context.new_page()
     page.goto(app_server.url)
@@ -243,10 +249,12 @@ def test_closing_the_tab_aborts_the_request_within_a_second_or_two(browser, app_
     status, body = app_server.health()
     assert body["engines"][0]["streams"] >= 1
     context.close()
-    closed = time.monotonic()
-    body = app_server.wait_idle(timeout=10)
+    body = app_server.wait_idle(timeout=60)
     assert body["engines"][0]["running"] == 0 and body["engines"][0]["streams"] == 0
-    assert time.monotonic() - closed < 3
+    after = replies_counted(app_server.url)
+    ended = {finish: after.get(finish, 0) - before.get(finish, 0) for finish in after}
+    assert ended.get("disconnected", 0) + ended.get("stopped_by_user", 0) == 1, ended
+    assert ended.get("finished", 0) == ended.get("max_tokens", 0) == 0, ended
 
 
 def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):

@@ -397,8 +397,12 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").wait_for()
     presets = page.locator("#compare-presets")
+    # Each pick waits for the tab's answer: the page drops a second pick sent while the first is on
+    # its way, and that answer (one picked) would then untick C again.
     presets.get_by_label(A, exact=True).uncheck()
+    page.locator("#compare-heading-1").wait_for(state="hidden")
     presets.get_by_label(C, exact=True).check()
+    page.locator("#compare-heading-1").wait_for(state="visible")
     page.locator("#compare-blind input").check()
     page.locator("#compare-settings").get_by_text("Settings per preset").click()
     set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")

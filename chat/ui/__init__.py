@@ -77,6 +77,8 @@ def build_ui(
 
                 demo.load(show_capacity, None, [capacity_page], **QUIET)
                 # Stop works for a test already running when the page opens (a reload, a second admin).
+                # Off the queue, this answer may land after a run this page began has enabled Stop:
+                # the run's progress, twice a second, enables it again (chat/ui/capacity_tab.py).
                 capacity_page.select(lambda: gr.Button(interactive=lab.busy()), None, [capacity.stop_button], **QUIET)
         # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.

@@ -184,7 +184,9 @@ class CapacityTab:
         shown = 0
         try:
             async for progress in run.run():
-                update: dict[Any, Any] = {self.progress: progress.line()}
+                # Stop, with every progress line: the tab's select, answered over another connection,
+                # could land after the first update and disable it (chat/ui/__init__.py).
+                update: dict[Any, Any] = {self.progress: progress.line(), self.stop_button: gr.Button(interactive=True)}
                 if len(run.steps) != shown:
                     shown = len(run.steps)
                     report = run.report()

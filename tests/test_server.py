@@ -22,11 +22,12 @@ pytestmark = pytest.mark.unit
 # millisecond (each sleeps), 1,000 in all, so that the freeze comes while it is starting one.
 SPAWNING = textwrap.dedent("""
     import os, time
-    print("starting children", flush=True)
-    for _ in range(1000):
+    for i in range(1000):
         if os.fork() == 0:
             time.sleep(60)
             os._exit(0)
+        if i == 0:  # said once a child exists: a freeze right away still finds one
+            print("starting children", flush=True)
         time.sleep(0.0005)
     time.sleep(60)
 """)

@@ -147,13 +147,14 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     # The page begins the reply over its socket as it sends the turn (chat/live.py), unless
     # turns wait their turn here: a reply begun at once would not.
     asked = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
+    inputs = [*asked, parts.conversation_id, parts.saved]  # and where the turn saves the chat
     begin = None if concurrency_limit is not None else (
         f"(...values) => window.chatLive ? [...window.chatLive.begin(values.slice(0, {len(asked)}), {json.dumps(KNOB_NAMES)}),"
-        f" ...values.slice({len(asked)}, {len(asked) + 2})] : values.slice(0, {len(asked) + 2})")
+        f" ...values.slice({len(asked)}, {len(inputs)})] : values.slice(0, {len(inputs)})")
     # Which saved chat the page shows, kept in the browser so that a reload reopens it (none after New chat).
     shown = gr.BrowserState({"index": None}, storage_key="chat_shown_conversation")
     textbox.submit(
-        typed_turn(service, logs, chatbot, parts.save), [*asked, parts.conversation_id, parts.saved],
+        typed_turn(service, logs, chatbot, parts.save), inputs,
         [textbox, chatbot, parts.history, parts.conversation_id, parts.saved, shown], js=begin,
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to

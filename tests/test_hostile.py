@@ -24,6 +24,7 @@ import pytest
 import websockets
 
 from chat.client import websocket_url
+from chat.history import text_of
 from chat.stats import SUMMARY
 from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, still_running, stop_app
 
@@ -257,6 +258,33 @@ async def test_every_event_of_the_page_answers_hostile_inputs_with_a_sentence(ap
     assert sent >= 60
     bad = [p for group in found for p in group] + problems(answers)
     assert not bad, f"{len(bad)} of {sent} answers were not plain:\n" + "\n".join(bad[:30])
+
+
+async def test_a_typed_turn_saves_its_chat_over_saved_chats_that_are_junk(app):
+    """A typed turn saves the chat in the update that ends it (chat/ui/chat_tab.py), into the saved
+    chats the caller sent: anything but a list of chats is replaced by a list holding this chat,
+    with no traceback (ChatInterface's own save would fail on a dict or a string)."""
+    page = await config(app.url)
+    turn = next(d for d in page["dependencies"] if "chatLive.begin" in (d.get("js") or ""))
+    props = {c["id"]: c["props"] for c in page["components"]}
+    by_name = {props[i].get("elem_id"): n for n, i in enumerate(turn["inputs"])}
+    for junk in (JUNK, "not a list"):
+        data: list[Any] = [props[i].get("value") for i in turn["inputs"]]
+        data[by_name["message"]], data[by_name["chatbot"]], data[by_name["began"]] = "Say hi.", [], ""
+        data[by_name["knob-max_tokens"]] = 2
+        data[-1] = junk  # the saved chats, the turn's last input
+        session = uuid.uuid4().hex
+        async with httpx.AsyncClient(timeout=90) as http:
+            joined = await http.post(app.url + "gradio_api/queue/join", content=join_body(turn, session, json.dumps(data)),
+                                     headers={"Content-Type": "application/json"})
+            assert joined.status_code == 200, joined.text
+            event_id = joined.json()["event_id"]
+            ended = (await read_events(http, app.url, session, {event_id}))[event_id]
+        assert ended.get("success") and not event_problem(ended), ended
+        *_, saved, shown = ended["output"]["data"]
+        assert isinstance(saved, list) and len(saved) == 1 and shown == {"index": 0}, (saved, shown)
+        roles = [m["role"] for m in saved[0]]  # the reply, then its stats
+        assert roles[0] == "user" and text_of(saved[0][0]["content"]) == "Say hi." and set(roles[1:]) == {"assistant"}, saved
 
 
 async def test_the_queue_itself_refuses_forged_and_broken_requests_plainly(app):

@@ -178,6 +178,55 @@ def test_history_survives_a_reload_with_its_stats(page):
     page.wait_for_function("document.querySelectorAll('#chatbot .bot-row .thought .title').length === 2")
 
 
+# The page's stream of Gradio's messages, with each turn's end held back a second (a slow server or
+# network between a turn's last update and its end, as CI's machine was once).
+LATE_TURN_ENDS = """(() => {
+  const fetched = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await fetched(...args);
+    if (!String(args[0]?.url ?? args[0]).includes("queue/data?") || !response.body) return response;
+    const decoder = new TextDecoder(), encoder = new TextEncoder();
+    const late = new TransformStream({
+      async transform(chunk, stream) {
+        const text = decoder.decode(chunk, {stream: true});
+        const end = text.indexOf('"process_completed"');
+        const cut = end < 0 ? -1 : Math.max(0, text.lastIndexOf("data:", end));
+        if (cut < 0) return stream.enqueue(encoder.encode(text));
+        stream.enqueue(encoder.encode(text.slice(0, cut)));
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+        stream.enqueue(encoder.encode(text.slice(cut)));
+      },
+    });
+    return new Response(response.body.pipeThrough(late), {status: response.status, headers: response.headers});
+  };
+})()"""
+
+
+def test_a_message_sent_the_moment_the_box_opens_again_is_sent(page):
+    """The message box takes text again only once the page counts the turn as over: Enter pressed
+    at that very moment sends. (Opened by the turn's last update, the box took a message the page
+    then dropped, as it still waited for the turn's end: the text sat in the box, unsent.)"""
+    page.add_init_script(LATE_TURN_ENDS)
+    page.reload()
+    page.wait_for_selector("#message textarea")
+    send(page, "Say hi.", max_tokens=SHORT)
+    page.wait_for_function("document.querySelector('#message textarea').disabled")
+    page.evaluate("""() => {
+      const box = document.querySelector('#message textarea');
+      new MutationObserver((_, observer) => {
+        if (box.disabled) return;
+        observer.disconnect();
+        box.value = 'And again.';
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+        box.dispatchEvent(new KeyboardEvent('keypress', {key: 'Enter', bubbles: true, cancelable: true}));
+      }).observe(box, {attributes: true, attributeFilter: ['disabled']});
+    }""")
+    page.wait_for_function(f"[...document.querySelectorAll({REPLY_TITLE!r})].filter(t => t.innerText.includes({REPLIED!r})).length === 2",
+                           timeout=90_000)
+    assert page.locator("#chatbot .user-row").all_inner_texts()[-1].strip() == "And again."
+    assert page.locator("#message textarea").input_value() == ""
+
+
 def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser, app_server):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     page = context.new_page()

@@ -153,7 +153,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
         f" ...values.slice({len(asked)}, {len(inputs)})] : values.slice(0, {len(inputs)})")
     # Which saved chat the page shows, kept in the browser so that a reload reopens it (none after New chat).
     shown = gr.BrowserState({"index": None}, storage_key="chat_shown_conversation")
-    textbox.submit(
+    turn = textbox.submit(
         typed_turn(service, logs, chatbot, parts.save), inputs,
         [textbox, chatbot, parts.history, parts.conversation_id, parts.saved, shown], js=begin,
         concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
@@ -161,6 +161,10 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
         preprocess=False,
     )
+    # The box takes text again once the page counts the turn as over, not with the turn's last
+    # update: until the page hears the turn is done it drops another Enter (Gradio's trigger_mode
+    # "once"), and a message typed quickly would sit in the box unsent.
+    turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", **INTERNAL)
     status = chat_actions(service, chatbot, textbox)
     reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
@@ -204,8 +208,8 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
         message: str, history: list[dict[str, Any]] | None, request: gr.Request, preset_name: str, system_prompt: str,
         *values: Any,
     ) -> AsyncIterator[tuple[Any, ...]]:
-        """A message typed on the page, the whole turn in one queued event: the message box, the
-        chat, and at the end the server's copy of the chat, the chat saved in the browser, and
+        """A message typed on the page, the whole turn in one queued event: the message box (shut
+        while the reply is written), the chat, and at the end the server's copy of the chat, the chat saved in the browser, and
         which saved chat is shown. After the knobs come the id of the reply the page began for it
         (chat/live.py) or empty, the saved chat's index and the saved chats."""
         *knob_values, began, conversation_id, saved = values
@@ -233,7 +237,7 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
         if not isinstance(saved, list) or not isinstance(conversation_id, int) or not 0 <= conversation_id < len(saved):
             conversation_id, saved = None, saved if isinstance(saved, list) else []  # saved anew, at the top
         conversation_id, saved = save(conversation_id, copy, saved)
-        yield gr.update(interactive=True), done, copy, conversation_id, saved, {"index": conversation_id}
+        yield gr.skip(), done, copy, conversation_id, saved, {"index": conversation_id}
 
     name_knob_parameters(turn, then=["began", "conversation_id", "saved"])
     return turn

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.request
+from collections import Counter
 
 import httpx
 import psutil
 
 from bench.gradio_stream import GradioChat
+from chat.stats import SUMMARY, Finish
 
 PRESET = "SmolLM2 135M (CPU)"
 
@@ -73,9 +75,15 @@ def test_64_conversations_with_a_quarter_abandoned(app_server):
     assert engine["running"] == engine["waiting"] == engine["unfinished"] == engine["streams"] == 0
 
     after = replies_counted(app_server.url)
-    ended = {finish: after.get(finish, 0) - before.get(finish, 0) for finish in after}
-    assert ended.get("stopped_by_user", 0) + ended.get("disconnected", 0) == 16, ended
-    assert ended.get("max_tokens", 0) + ended.get("finished", 0) == 48, ended
+    ended = Counter({finish: after.get(finish, 0) - before.get(finish, 0) for finish in after})
+    # Each kept reply is counted as its stats line says it ended; what is left are the abandoned ones.
+    kept_ended = Counter(Finish(SUMMARY.search(r.title)["finish"]).name.lower() for r in kept)
+    left = ended - kept_ended
+    assert not kept_ended - ended and left.total() == 16, (ended, kept_ended)
+    # Stopped as their readers left; a story may have ended on its own just before (seen once in a
+    # busy hour), but none ran on to its 400-token cap.
+    assert left["stopped_by_user"] + left["disconnected"] + left["finished"] == 16, (ended, kept_ended)
+    assert left["stopped_by_user"] + left["disconnected"] >= 12, (ended, kept_ended)
 
     growth = memory_mb(app_server.process.pid) - before_memory
     assert growth < 300, f"memory grew by {growth:.0f} MB"

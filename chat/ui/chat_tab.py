@@ -164,7 +164,8 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     # The box takes text again once the page counts the turn as over, not with the turn's last
     # update: until the page hears the turn is done it drops another Enter (Gradio's trigger_mode
     # "once"), and a message typed quickly would sit in the box unsent.
-    turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", **INTERNAL)
+    turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", queue=False,
+              api_visibility="private")  # in the page only, as the Settings buttons
     status = chat_actions(service, chatbot, textbox)
     reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
@@ -209,9 +210,9 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
         *values: Any,
     ) -> AsyncIterator[tuple[Any, ...]]:
         """A message typed on the page, the whole turn in one queued event: the message box (shut
-        while the reply is written), the chat, and at the end the server's copy of the chat, the chat saved in the browser, and
-        which saved chat is shown. After the knobs come the id of the reply the page began for it
-        (chat/live.py) or empty, the saved chat's index and the saved chats."""
+        while the reply is written), the chat, and at the end the server's copy of the chat, the
+        chat saved in the browser, and which saved chat is shown. After the knobs come the id of the
+        reply the page began for it (chat/live.py) or empty, the saved chat's index and the saved chats."""
         *knob_values, began, conversation_id, saved = values
         unchanged = (gr.skip(),) * 4
         if not str(message).strip():

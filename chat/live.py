@@ -21,8 +21,8 @@ turn's inputs over /chat ("begin", with the id of a live log it picked); the rep
 (`begin`) and writes its text into that log. When Gradio runs the turn, the turn takes the reply
 over (`claim`) if it was asked for exactly what the turn asks for; otherwise (no script, a failed
 socket, other inputs, a reply already taken) the turn starts its own and the early one is aborted.
-Until it is claimed the reply belongs to the socket that began it (closing the socket aborts it); a
-reply nobody claims within CLAIM_S is aborted.
+Until it is claimed the reply belongs to the socket that began it (closing the socket aborts it);
+then to the turn, whose Stop reaches it through `stop`. A reply nobody claims within CLAIM_S is aborted.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class ReplyLog:
         self.abandon: asyncio.TimerHandle | None = None  # set while it waits to be resumed
         self.cancelled_as = "stopped_by_user"  # the finish reported if its task is cancelled
         self.early: EarlyReply | None = None  # a reply a page began, until its turn claims it
+        self.stopped_by: str | None = None  # the stop key of the turn that claimed it: its Stop's
         self._grew = asyncio.Event()
 
     @property
@@ -129,6 +130,9 @@ class ReplyStore:
 
     def owned_by(self, owner: object) -> list[ReplyLog]:
         return [rl for rl in self._logs.values() if rl.owner is owner and rl.running]
+
+    def claimed_by(self, turn_stop_key: str) -> list[ReplyLog]:
+        return [rl for rl in self._logs.values() if rl.stopped_by == turn_stop_key and rl.running]
 
     def _evict(self) -> None:
         now = time.monotonic()
@@ -238,7 +242,7 @@ class EarlyReply:
             self._expiry.cancel()
             self._expiry = None
         self.live.log.owner = None  # the turn's, now: the socket's closing no longer ends it
-        self.service.stop_also_by(stop_key(self.live.log.id), turn_stop_key)
+        self.live.log.stopped_by = turn_stop_key
 
     async def events(self) -> AsyncGenerator[ReplyEvent, None]:
         """The pipeline's events from the first, for the turn that claimed the reply (of several
@@ -291,6 +295,13 @@ def claim(logs: ReplyStore, log_id: str, request: ReplyRequest) -> EarlyReply | 
     metrics.early_reply("claimed")
     early.claimed_by(request.stop_key)
     return early
+
+
+def stop(service: ChatService, logs: ReplyStore, turn_stop_key: str) -> None:
+    """A turn's Stop: the replies given its stop key, and a reply a page began that such a turn took over."""
+    service.stop(turn_stop_key)
+    for reply_log in logs.claimed_by(turn_stop_key):
+        service.stop(stop_key(reply_log.id))
 
 
 # What a tab hands over: its events, whole; what Gradio should draw comes back.

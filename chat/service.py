@@ -94,10 +94,10 @@ ReplyEvent = Waiting | Writing | Finished | Failed
 class _Ticket:
     """One reply in the pipeline, so that Stop reaches it at whatever stage it is."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None) -> None:
+        self.key = key or ""  # the stop key that reaches it ("": none)
         self.stopped = False
         self.reply: Reply | None = None
-        self.keys: set[str] = set()  # the stop keys that reach it
 
     def stop(self) -> None:
         self.stopped = True
@@ -238,26 +238,17 @@ class ChatService:
             ticket.stop()
         return True
 
-    def stop_also_by(self, key: str, other: str | None) -> None:
-        """Let stop key `other` stop the replies `key` stops, too (a reply a page began before its
-        turn, once the turn takes it over: chat/live.py)."""
-        for ticket in list(self._tickets.get(key, ())):
-            self._issue(other, ticket)
-
-    def _issue(self, key: str | None, ticket: _Ticket | None = None) -> _Ticket:
-        ticket = ticket or _Ticket()
-        if key:
-            self._tickets.setdefault(key, set()).add(ticket)
-            ticket.keys.add(key)
+    def _issue(self, key: str | None) -> _Ticket:
+        ticket = _Ticket(key)
+        if ticket.key:
+            self._tickets.setdefault(ticket.key, set()).add(ticket)
         return ticket
 
     def _release(self, ticket: _Ticket) -> None:
-        for key in ticket.keys:
-            tickets = self._tickets.get(key)
-            if tickets is not None:
-                tickets.discard(ticket)
-                if not tickets:
-                    del self._tickets[key]
+        tickets = self._tickets.get(ticket.key, set())
+        tickets.discard(ticket)
+        if not tickets:
+            self._tickets.pop(ticket.key, None)
 
 
 def _reason(exc: ChatError) -> str:

@@ -88,6 +88,15 @@ async def engine(registry, default_preset):
     return await registry.get(default_preset)
 
 
+@pytest.fixture(scope="session")
+def service(registry, default_preset):
+    """The reply pipeline in the test process, on the session's registry (the engine tier's)."""
+    from chat.presets import load_presets
+    from chat.service import ChatService
+
+    return ChatService(load_presets(), registry, default_preset.name)
+
+
 async def eventually(condition, within_s: float = 15.0, every_s: float = 0.05) -> bool:
     """Wait until `condition()` is true (polling; no fixed sleeps in tests); whether it came true in time."""
     loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ def test_places_are_functions_of_other_modules_and_background_work_is_left_out()
         ("live", "live_reply", "service", "ChatService.reply", "ui/chat_tab.typed_turn.<locals>.turn"),
         ("live", "live_reply", "service", "ChatService.stop", "ui/chat_tab.typed_turn.<locals>.turn"),  # same place
         ("live", "live_reply.<locals>.<listcomp>", "service", "ChatService.reply", "ui/chat_tab.turn"),  # same
-        ("live", "EarlyReply.claimed_by", "service", "ChatService.stop_also_by", "api.Connection.begin"),  # another
+        ("live", "EarlyReply._run", "service", "ChatService.reply", "api.Connection.begin"),  # another
         ("api", "Connection.watch", "live", "ReplyLog.follow", "api.routes.<locals>.chat_socket"),  # another module
         ("live", "live_reply", "ui/messages", "event_messages", "ui/chat_tab.typed_turn.<locals>.turn"),  # a helper
         ("monitor", "Monitor.run", "registry", "EngineRegistry.overview", "monitor.Monitor.run"),  # background

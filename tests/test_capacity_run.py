@@ -22,11 +22,6 @@ PRIORITY_PRESET = "Two slots, visitors first"
 
 
 @pytest.fixture(scope="module")
-def service(registry, default_preset):
-    return ChatService(load_presets(), registry, default_preset.name)
-
-
-@pytest.fixture(scope="module")
 def two_slots(registry, tmp_path_factory):
     """A preset of the embedded model with two slots, priority scheduling and fixed reply lengths."""
     folder = tmp_path_factory.mktemp("presets")

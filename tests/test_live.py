@@ -13,13 +13,15 @@ import time
 import pytest
 import websockets
 
+from chat import live
 from chat.client import websocket_url
 from chat.live import LiveText, ReplyLog, ReplyStore, claim, same_turn
-from chat.service import ReplyRequest
-from chat.stats import REPLIED
-from tests.conftest import early_replies
+from chat.service import Finished, ReplyRequest, Writing
+from chat.stats import REPLIED, Finish
+from tests.conftest import early_replies, eventually
 from tests.test_api import IDLE, events_of, idle, next_error
 from tests.test_browser import REPLY_TITLE, send, watch_reply
+from tests.test_stream import engine_idle
 
 
 def new_id() -> str:
@@ -109,6 +111,31 @@ def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_n
     assert taken is not None and not taken.running and taken.early is None
     assert claim(logs, "live-not-a-page-id", ReplyRequest("Hi")) is None
     assert logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
+
+
+@pytest.mark.engine
+async def test_a_turn_s_stop_reaches_the_begun_reply_it_took_over_and_no_other(service, engine):
+    """The turn's Stop (its stop key) stops the reply the page began once the turn has claimed it;
+    before, and for another turn's key, it does not (the socket that began it may still close it)."""
+    logs = ReplyStore()
+    ask = ReplyRequest("Tell me a very long story about dragons.", sampling={"max_tokens": 400, "temperature": 0.7},
+                       stop_key="chat:turn")
+    log_id = new_id()
+    reply_log = live.begin(service, logs, log_id, ask, owner=object())
+    live.stop(service, logs, "chat:turn")  # not claimed yet: the Stop of a turn before this one
+    early = claim(logs, log_id, ask)
+    assert early is not None and reply_log.running
+    events = []
+    async for event in early.events():
+        events.append(event)
+        if isinstance(event, Writing) and event.reply.progress.tokens >= 3:
+            live.stop(service, logs, "chat:another")
+            live.stop(service, logs, "chat:turn")
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reply.stats.finish is Finish.STOPPED_BY_USER
+    assert 3 <= finished.reply.stats.generated_tokens < 400
+    assert await eventually(lambda: not reply_log.running) and not logs.claimed_by("chat:turn")
+    assert await engine_idle(engine)
 
 
 def begin(log_id: str, message: str, max_tokens: int = 400) -> str:

@@ -9,17 +9,11 @@ import logging
 import pytest
 
 from chat.errors import InputError, PresetError, SettingsError, Stopped
-from chat.presets import load_presets
-from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting, Writing
+from chat.service import Failed, Finished, ReplyRequest, Waiting, Writing
 from chat.stats import Finish
 from tests.test_stream import engine_idle
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def service(registry, default_preset):
-    return ChatService(load_presets(), registry, default_preset.name)
 
 
 async def events_of(service, request):

@@ -166,7 +166,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     # "once"), and a message typed quickly would sit in the box unsent.
     turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", queue=False,
               api_visibility="private")  # in the page only, as the Settings buttons
-    status = chat_actions(service, chatbot, textbox)
+    status = chat_actions(service, logs, chatbot, textbox)
     reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
 
@@ -247,10 +247,10 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
 INTERNAL: dict[str, Any] = {"queue": False, "api_visibility": "undocumented"}
 
 
-def chat_actions(service: ChatService, chatbot: gr.Chatbot, textbox: gr.Textbox) -> gr.Markdown:
+def chat_actions(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot, textbox: gr.Textbox) -> gr.Markdown:
     """Stop and Save beneath the chat, Undo's message back in the box; returns the engine line."""
     async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
-        service.stop(stop_key(request))
+        live.stop(service, logs, stop_key(request))  # the reply the page began, too, once the turn took it
 
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")

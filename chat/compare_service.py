@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,7 @@ CompareEvent = Begun | Wrote | Redraw | Ended
 class CompareService:
     def __init__(self, service: ChatService) -> None:
         self.service = service
-        self.writing: set[str] = set()  # sessions whose turn is being written
+        self.writing: dict[str, object] = {}  # sessions whose turn is being written, each with its turn's token
 
     async def send(self, comparison: Comparison | None, picked: Sequence[str], blind: bool, prompt: str,
                    settings: Sequence[Mapping[str, Any]], session: str, every_s: float = 0.0,
@@ -108,15 +108,14 @@ class CompareService:
         pacing interval if longer). With `link`, `Begun` carries the share link of the picked presets
         and settings (with the comparison's first prompt). Raises Busy, or ChatError with a sentence
         for the person (nothing is added then)."""
-        with self._turn_of(session):
+        with self._turn_of(session) as over:
             query = self.link(picked, comparison.blind if comparison else blind,
                               comparison.turns[0].prompt if comparison and comparison.turns else prompt,
                               settings) if link else ""
             comparison, jobs = self._begin(comparison, picked, blind, prompt, settings, session)
             yield Begun(comparison, jobs, query)
-            async with contextlib.aclosing(self._write(jobs, every_s)) as events:
-                async for event in events:
-                    yield event
+            async for event in self._written(jobs, every_s, over):
+                yield event
 
     async def rerun(self, comparison: Comparison | None, turn: int | None, column: int, session: str,
                     every_s: float = 0.0) -> AsyncGenerator[CompareEvent, None]:
@@ -124,16 +123,15 @@ class CompareService:
         settings: events as `send`'s."""
         if comparison is None:
             raise InputError(RERUN_FIRST)
-        with self._turn_of(session):
+        with self._turn_of(session) as over:
             if not comparison.turns or not 0 <= column < len(comparison.columns):
                 raise InputError(RERUN_FIRST)
             index = len(comparison.turns) - 1 if turn is None else int(turn)
             entry = comparison.add_rerun(index, column)
             jobs = [self._job(comparison, entry, index, session, time.monotonic())]
             yield Begun(comparison, jobs)
-            async with contextlib.aclosing(self._write(jobs, every_s)) as events:
-                async for event in events:
-                    yield event
+            async for event in self._written(jobs, every_s, over):
+                yield event
 
     def link(self, picked: Sequence[str], blind: bool, prompt: str, settings: Sequence[Mapping[str, Any]]) -> str:
         """The share link's query of this setup: the picked presets, each with its slot's settings."""
@@ -149,16 +147,32 @@ class CompareService:
         return self.service.catalog.runnable(name, self.service.default_preset, self.service.has_gpu)
 
     @contextlib.contextmanager
-    def _turn_of(self, session: str) -> Iterator[None]:
+    def _turn_of(self, session: str) -> Iterator[Callable[[], None]]:
         """Hold the session's one turn at a time (taken at once, before any await: a second Send
-        during the first is refused with `Busy`)."""
+        during the first is refused with `Busy`); what it gives ends the hold early, once only for
+        this turn (never the next one's)."""
         if session in self.writing:
             raise Busy()
-        self.writing.add(session)
+        self.writing[session] = turn = object()
+
+        def over() -> None:
+            if self.writing.get(session) is turn:
+                del self.writing[session]
+
         try:
-            yield
+            yield over
         finally:
-            self.writing.discard(session)
+            over()
+
+    async def _written(self, jobs: Sequence[Job], every_s: float,
+                       over: Callable[[], None]) -> AsyncGenerator[CompareEvent, None]:
+        """`_write`'s events; the turn is over for the next Send as soon as its last column has ended,
+        before the page has drawn the end (a Send pressed then is not refused)."""
+        async with contextlib.aclosing(self._write(jobs, every_s)) as events:
+            async for event in events:
+                if isinstance(event, Ended):
+                    over()
+                yield event
 
     def _begin(self, comparison: Comparison | None, picked: Sequence[str], blind: bool, prompt: str,
                settings: Sequence[Mapping[str, Any]], session: str) -> tuple[Comparison, list[Job]]:

@@ -183,3 +183,28 @@ def test_a_share_link_opens_the_compare_tab_with_its_presets_settings_and_prompt
     bad = open_page(f"?p=Nope&p={quote(CREATIVE)}")
     bad.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('could not be opened')")
     assert "There is no preset named 'Nope'" in bad.locator("#compare-status").inner_text()
+
+
+def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_once_they_end(open_page):
+    """Gradio's page drops a second Enter or Send on a running event ("once") without a word; here it
+    reaches the server, which says to wait, and the prompt stays in the box to be sent afterwards."""
+    page = open_page()
+    page.get_by_role("tab", name="Compare").click()
+    prompt = page.locator("#compare-prompt textarea")
+    prompt.wait_for()
+    page.locator("#compare-blind input").uncheck()
+    prompt.fill("Tell me a very long story about a dragon who learns to bake bread.")
+    prompt.press("Enter")
+    page.wait_for_function(f"[...document.querySelectorAll({TEXT.format(0)!r})].some(e => e.innerText.length > 20)")
+    prompt.fill("Now say hi.")
+    prompt.press("Enter")
+    page.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('Wait until every column')")
+    assert prompt.input_value() == "Now say hi."  # kept, to send once the columns have ended
+    page.locator("#compare-stop").click()
+    watch_columns(page, done="stopped by you")
+    page.locator("#compare-send").click()
+    page.wait_for_function(
+        "[0, 1].every(c => document.querySelectorAll(`#compare-chat-${c} .bot-row .thought .title`).length === 2)")
+    _, titles = watch_columns(page)
+    assert all(REPLIED in title for title in titles), titles
+    assert prompt.input_value() == "" and "Wait until" not in page.locator("#compare-status").inner_text()

@@ -230,7 +230,7 @@ def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_fo
     api.board("a")  # used again: now the most recent
     api.board("c")
     assert list(api.boards) == ["a", "c"] and api.board("a") is first
-    api.comparisons.writing.add("c")  # a comparison being written is kept however old
+    api.comparisons.writing["c"] = object()  # a comparison being written is kept however old
     api.board("d")
     assert list(api.boards) == ["c", "d"]
 
@@ -268,6 +268,29 @@ async def test_a_turn_hands_on_each_column_s_text_at_once_and_coalesces_the_redr
     assert 2 <= len(redraws) < len(wrote) / 2  # one redraw per 0.2 s for both columns, not one per piece
     assert [entry.text for entry in events[0].comparison.turns[0].replies] == ["word " * 20] * 2
     assert not compare.writing  # the session's turn is free again
+
+
+async def test_a_session_s_next_turn_may_start_once_its_last_column_has_ended(catalog):
+    """A page draws a turn's end after `Ended`: a Send pressed then is taken, not refused as Busy, and
+    the first turn's closing afterwards does not free the session under the next one."""
+    from chat.compare_service import Begun, Busy, CompareService, Ended
+
+    compare = CompareService(ScriptedReplies(catalog, every_s=0.01, words=3))
+    picked = [CREATIVE, DETERMINISTIC]
+    first = compare.send(None, picked, False, "Hi", [{}, {}], "s")
+    begun = await anext(first)
+    assert isinstance(begun, Begun)
+    with pytest.raises(Busy):  # while its columns are written
+        await anext(compare.send(begun.comparison, picked, False, "Too soon", [{}, {}], "s"))
+    while not isinstance(await anext(first), Ended):
+        pass
+    second = compare.send(begun.comparison, picked, False, "Again", [{}, {}], "s")  # the first waits at its end
+    assert isinstance(await anext(second), Begun)
+    await first.aclose()
+    with pytest.raises(Busy):
+        await anext(compare.send(begun.comparison, picked, False, "Third", [{}, {}], "s"))
+    await second.aclose()
+    assert not compare.writing
 
 
 # --- through the running app ------------------------------------------------------------------

@@ -159,8 +159,10 @@ class CompareTab:
     def wire(self) -> None:
         quick = {"queue": False, "api_visibility": "undocumented", "show_progress": "hidden"}
         streaming = {"concurrency_limit": None, "show_progress": "hidden"}  # never one person at a time
+        # "multiple": a Send or Enter while a turn runs reaches the server, which says to wait (Busy) and
+        # leaves the prompt in the box; Gradio's default ("once") dropped it in the page without a word.
         gr.on([self.send.click, self.prompt.submit], self.compare, [self.board, self.picked, self.blind, self.prompt,
-              *self.knobs], self.outputs, api_visibility="undocumented", **streaming)
+              *self.knobs], self.outputs, api_visibility="undocumented", trigger_mode="multiple", **streaming)
         for column, button in enumerate(self.reruns):
             button.click(self.rerun_in(column), [self.board, self.rerun_turn], self.outputs,
                          api_visibility="undocumented", **streaming)

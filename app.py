@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 
 from chat import logs, settings
@@ -50,7 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from chat.lifeline import exit_without_teardown
+
+    exit_without_teardown(main())
 elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, an engine core or its worker
     from chat.lifeline import end_with_parent
 

@@ -38,10 +38,19 @@ RERUN_FIRST = "Send a prompt first; then each column can rerun it."
 
 
 class Busy(InputError):
-    """This session's comparison is still writing a turn."""
+    """This session's comparison is still writing a turn; `again`: the prompt asked for is that turn's
+    (a Send clicked twice), which a page need not answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, again: bool = False) -> None:
         super().__init__("Wait until every column has finished, or stop them.")
+        self.again = again
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A session's turn being written (`prompt`: a new turn's; None for a rerun)."""
+
+    prompt: str | None
 
 
 @dataclass
@@ -98,7 +107,7 @@ CompareEvent = Begun | Wrote | Redraw | Ended
 class CompareService:
     def __init__(self, service: ChatService) -> None:
         self.service = service
-        self.writing: dict[str, object] = {}  # sessions whose turn is being written, each with its turn's token
+        self.writing: dict[str, _Hold] = {}  # sessions whose turn is being written
 
     async def send(self, comparison: Comparison | None, picked: Sequence[str], blind: bool, prompt: str,
                    settings: Sequence[Mapping[str, Any]], session: str, every_s: float = 0.0,
@@ -108,7 +117,7 @@ class CompareService:
         pacing interval if longer). With `link`, `Begun` carries the share link of the picked presets
         and settings (with the comparison's first prompt). Raises Busy, or ChatError with a sentence
         for the person (nothing is added then)."""
-        with self._turn_of(session) as over:
+        with self._turn_of(session, prompt) as over:
             query = self.link(picked, comparison.blind if comparison else blind,
                               comparison.turns[0].prompt if comparison and comparison.turns else prompt,
                               settings) if link else ""
@@ -147,13 +156,13 @@ class CompareService:
         return self.service.catalog.runnable(name, self.service.default_preset, self.service.has_gpu)
 
     @contextlib.contextmanager
-    def _turn_of(self, session: str) -> Iterator[Callable[[], None]]:
+    def _turn_of(self, session: str, prompt: str | None = None) -> Iterator[Callable[[], None]]:
         """Hold the session's one turn at a time (taken at once, before any await: a second Send
         during the first is refused with `Busy`); what it gives ends the hold early, once only for
         this turn (never the next one's)."""
-        if session in self.writing:
-            raise Busy()
-        self.writing[session] = turn = object()
+        if (held := self.writing.get(session)) is not None:
+            raise Busy(again=prompt is not None and held.prompt is not None and prompt.strip() == held.prompt.strip())
+        self.writing[session] = turn = _Hold(prompt)
 
         def over() -> None:
             if self.writing.get(session) is turn:

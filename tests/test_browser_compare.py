@@ -202,7 +202,7 @@ def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_
     assert prompt.input_value() == "Now say hi."  # kept, to send once the columns have ended
     page.locator("#compare-stop").click()
     watch_columns(page, done="stopped by you")
-    page.locator("#compare-send").click()
+    page.locator("#compare-send").dblclick()  # as people do: one turn, and no word about the second click
     page.wait_for_function(
         "[0, 1].every(c => document.querySelectorAll(`#compare-chat-${c} .bot-row .thought .title`).length === 2)")
     _, titles = watch_columns(page)

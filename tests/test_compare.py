@@ -230,8 +230,8 @@ def test_programs_keep_one_comparison_per_session_and_the_oldest_sessions_are_fo
     api.board("a")  # used again: now the most recent
     api.board("c")
     assert list(api.boards) == ["a", "c"] and api.board("a") is first
-    api.comparisons.writing["c"] = object()  # a comparison being written is kept however old
-    api.board("d")
+    with api.comparisons._turn_of("c"):  # a comparison being written is kept however old
+        api.board("d")
     assert list(api.boards) == ["c", "d"]
 
 
@@ -280,8 +280,12 @@ async def test_a_session_s_next_turn_may_start_once_its_last_column_has_ended(ca
     first = compare.send(None, picked, False, "Hi", [{}, {}], "s")
     begun = await anext(first)
     assert isinstance(begun, Begun)
-    with pytest.raises(Busy):  # while its columns are written
+    with pytest.raises(Busy) as refused:  # while its columns are written
         await anext(compare.send(begun.comparison, picked, False, "Too soon", [{}, {}], "s"))
+    assert not refused.value.again
+    with pytest.raises(Busy) as refused:  # Send clicked twice: the page need not say anything
+        await anext(compare.send(begun.comparison, picked, False, " Hi", [{}, {}], "s"))
+    assert refused.value.again
     while not isinstance(await anext(first), Ended):
         pass
     second = compare.send(begun.comparison, picked, False, "Again", [{}, {}], "s")  # the first waits at its end

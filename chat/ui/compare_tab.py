@@ -286,8 +286,10 @@ class CompareTab:
             async with contextlib.aclosing(updates):  # closing this cancels the replies
                 async for update in updates:
                     yield update
-        except Busy:
-            yield {self.status: BUSY}
+        except Busy as exc:
+            # The same prompt again (a Send clicked twice, its turn being written) changes nothing;
+            # something must still be yielded: a generator that yields nothing sets every output to None.
+            yield {self.status: gr.skip() if exc.again else BUSY}
         except ChatError as exc:
             yield {self.status: f"{PROBLEM} {exc.message}"}
 

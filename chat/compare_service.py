@@ -161,7 +161,7 @@ class CompareService:
         during the first is refused with `Busy`); what it gives ends the hold early, once only for
         this turn (never the next one's)."""
         if (held := self.writing.get(session)) is not None:
-            raise Busy(again=prompt is not None and held.prompt is not None and prompt.strip() == held.prompt.strip())
+            raise Busy(again=held.prompt is not None and (prompt or "").strip() == held.prompt.strip())
         self.writing[session] = turn = _Hold(prompt)
 
         def over() -> None:

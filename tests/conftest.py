@@ -15,10 +15,11 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +37,9 @@ TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client", "worker
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
-    and run the tests of the app behind a login (`protected_app`, from three modules) last and
-    together, so that one start of that app serves them all and it never idles beside other tests."""
-    items.sort(key=lambda item: "protected_app" in getattr(item, "fixturenames", ()))  # stable: order kept
+    run the unit tier first, while the shared app starts (`pytest_runtest_call`); and run the tests of the
+    app behind a login (`protected_app`, from three modules) last and together, so that one start of
+    that app serves them all and it never idles beside other tests."""
     for item in items:
         if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
@@ -47,10 +48,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         used = set(getattr(item, "fixturenames", ()))
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")
         item.add_marker(tier)
+    items.sort(key=lambda item: ("protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))  # stable
+
+
+def tier_of(item: pytest.Item) -> str:
+    return next(marker.name for marker in item.iter_markers() if marker.name in TIERS)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[EXIT_STATUS] = int(exitstatus)
+    for app in LAUNCHED_AHEAD.values():  # launched for tests that did not run (-x, a skip)
+        stop_app(app)
+    LAUNCHED_AHEAD.clear()
 
 
 @pytest.hookimpl(trylast=True)
@@ -127,6 +136,7 @@ class RunningApp:
     url: str
     process: subprocess.Popen
     log_path: Path
+    folder: tempfile.TemporaryDirectory | None = None  # what its recipe wrote for it (presets, votes); gone at its stop
 
     def health(self) -> tuple[int, dict]:
         return get_json(self.url + "healthz")
@@ -145,10 +155,8 @@ class RunningApp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240,
-              engine_ready: bool = True) -> RunningApp:
-    """app.py on a free port, returned once healthy (or, with engine_ready=False, once it serves
-    pages while its engine may still be starting)."""
+def launch_app(name: str, *args: str, env: dict[str, str] | None = None) -> RunningApp:
+    """app.py on a free port, started: it serves nothing yet (`wait_ready`)."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = OUTPUT / f"{name}-{port}.log"  # concurrent test runs must not share a log
@@ -160,11 +168,16 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
         stderr=subprocess.STDOUT,
         env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
     )
-    app = RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
+    return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
+
+
+def wait_ready(app: RunningApp, ready_timeout: float = 240, engine_ready: bool = True) -> RunningApp:
+    """`app` once healthy (or, with engine_ready=False, once it serves pages while its engine may
+    still be starting)."""
     deadline = time.monotonic() + ready_timeout
     while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"app.py exited with {process.returncode}:\n{app.log_tail()}")
+        if app.process.poll() is not None:
+            raise RuntimeError(f"app.py exited with {app.process.returncode}:\n{app.log_tail()}")
         try:
             status, _ = app.health()
             if status == 200 or (status == 503 and not engine_ready):
@@ -172,9 +185,15 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
             pass
         if time.monotonic() > deadline:
-            process.kill()
+            app.process.kill()
             raise RuntimeError(f"app.py was not healthy within {ready_timeout} s:\n{app.log_tail()}")
         time.sleep(0.5)
+
+
+def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240,
+              engine_ready: bool = True) -> RunningApp:
+    """app.py on a free port, returned once ready (`wait_ready`)."""
+    return wait_ready(launch_app(name, *args, env=env), ready_timeout, engine_ready)
 
 
 def app_command(*args: str) -> subprocess.Popen:
@@ -229,6 +248,84 @@ def stop_app(app: RunningApp) -> None:
     except subprocess.TimeoutExpired:
         app.process.kill()
         app.process.wait()
+    if app.folder is not None:
+        app.folder.cleanup()
+
+
+# Apps started ahead of the first test that needs them, while the tests before it run. An app start
+# is ~40 s, nearly all of it one core importing vLLM in three processes (README "Developing"), and
+# the tests before it mostly leave the machine's second core idle: the suite waited ~4 min for
+# app starts before this. One app at a time is launched ahead: each holds ~3.6 GB once started.
+SECONDS_PER_TEST = {"unit": 0.05, "engine": 4.0, "app": 5.0, "browser": 8.0}  # each tier's mean here
+LAUNCH_AHEAD_S = 60.0  # an app start, with room for the tests it runs beside
+
+
+@dataclass(frozen=True)
+class AppRecipe:
+    scope: str  # the scope of the fixture that yields the app: "session" or "module"
+    launch: Callable[[Path], RunningApp]  # writes what the app needs into a fresh folder, and launches it
+
+
+RECIPES: dict[str, AppRecipe] = {}  # by the name of the fixture that yields the app
+LAUNCHED_AHEAD: dict[str, RunningApp] = {}  # by fixture name: launched, not yet taken by its fixture
+APP_STARTS = pytest.StashKey[dict[str, tuple[int, list[str]]]]()  # by test id: its position, and the apps set up for it
+
+
+def app_recipe(fixture: str, scope: str) -> Callable[[Callable[[Path], RunningApp]], Callable[[Path], RunningApp]]:
+    """Register how the app of `fixture` is launched, so that it can be launched ahead (`app_for`)."""
+    def register(launch: Callable[[Path], RunningApp]) -> Callable[[Path], RunningApp]:
+        RECIPES[fixture] = AppRecipe(scope, launch)
+        return launch
+    return register
+
+
+def launched(fixture: str) -> RunningApp:
+    folder = tempfile.TemporaryDirectory(prefix=f"{fixture}-")
+    app = RECIPES[fixture].launch(Path(folder.name))
+    app.folder = folder
+    return app
+
+
+def app_for(request: pytest.FixtureRequest) -> RunningApp:
+    """The app of the fixture asking, once ready: the one launched ahead of its first test, or a new one."""
+    return wait_ready(LAUNCHED_AHEAD.pop(request.fixturename, None) or launched(request.fixturename))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Find where each app of RECIPES will be set up: a session fixture's at its first test, a module
+    fixture's at the first test of each run of its module's tests (pytest ends it when the module's
+    run ends)."""
+    starts: dict[str, tuple[int, list[str]]] = {}
+    seen: set[tuple[str, int]] = set()
+    run = 0
+    for position, item in enumerate(session.items):
+        run += position > 0 and item.parent is not session.items[position - 1].parent
+        apps = []
+        for fixture in sorted(RECIPES.keys() & set(getattr(item, "fixturenames", ()))):
+            key = (fixture, run if RECIPES[fixture].scope == "module" else 0)
+            if key not in seen:
+                seen.add(key)
+                apps.append(fixture)
+        starts[item.nodeid] = (position, apps)
+    session.config.stash[APP_STARTS] = starts
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """As a test begins: launch the next app a later test needs when the tests before that one should
+    take about as long as its start (their tiers' means)."""
+    if LAUNCHED_AHEAD:
+        return
+    starts = item.config.stash.get(APP_STARTS, {})
+    position, _ = starts.get(item.nodeid, (len(item.session.items), []))
+    ahead = 0.0
+    for later in item.session.items[position + 1:]:
+        if apps := starts[later.nodeid][1]:
+            LAUNCHED_AHEAD[apps[0]] = launched(apps[0])
+            return
+        ahead += SECONDS_PER_TEST[tier_of(later)]
+        if ahead > LAUNCH_AHEAD_S:
+            return
 
 
 RESUME_GRACE_S = 10  # the shared app's: shorter than the longest reply the embedded model writes
@@ -274,10 +371,14 @@ def nothing_left_behind(request):
             assert first is None, "the app logged a problem during this test:\n" + "".join(lines[first:first + 40])
 
 
+@app_recipe("app_server", scope="session")
+def launch_shared_app(folder: Path) -> RunningApp:
+    return launch_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"))
+
+
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory) -> Iterator[RunningApp]:
-    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"  # never the votes of the machine's own demo
-    app = start_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(votes))
+def app_server(request) -> Iterator[RunningApp]:
+    app = app_for(request)
     yield app
     stop_app(app)
 
@@ -286,8 +387,14 @@ def app_server(tmp_path_factory) -> Iterator[RunningApp]:
 USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-secret")
 
 
+@app_recipe("protected_app", scope="session")
+def launch_protected_app(folder: Path) -> RunningApp:
+    accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
+    return launch_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(folder / "votes.sqlite3"))
+
+
 @pytest.fixture(scope="session")
-def protected_app(tmp_path_factory) -> Iterator[RunningApp]:
+def protected_app(request) -> Iterator[RunningApp]:
     """The app behind a login (`--auth`, three accounts, `admin` the administrator), for the tests of
     logins, administrators, hostile sign-ins and a killed engine. One for the session, whose tests
     run last (`pytest_collection_modifyitems`): when it started with the first of them and idled
@@ -295,9 +402,7 @@ def protected_app(tmp_path_factory) -> Iterator[RunningApp]:
     (it passes alone); one per module cost two more starts of a minute each. Failed sign-ins lock an
     address out: a test that does that on purpose comes from an address of its own (the loopback
     network is 127.0.0.0/8)."""
-    votes = tmp_path_factory.mktemp("protected-votes") / "votes.sqlite3"
-    accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
-    app = start_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(votes))
+    app = app_for(request)
     yield app
     stop_app(app)
 

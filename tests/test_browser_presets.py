@@ -7,27 +7,32 @@ next to each other; one page streams a long reply while another switches preset 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from chat.stats import REPLIED
-from tests.conftest import OUTPUT, small_preset, start_app, stop_app
+from tests.conftest import OUTPUT, RunningApp, app_for, app_recipe, launch_app, small_preset, stop_app
 from tests.test_browser import REPLY_TEXT, is_text, send, watch_reply
 
 pytestmark = pytest.mark.browser
 
-@pytest.fixture(scope="module")
-def two_engine_app(tmp_path_factory):
+@app_recipe("two_engine_app", scope="module")
+def launch_two_engine_app(folder: Path) -> RunningApp:
     # The story: long enough to be streaming while the other page switches (a few seconds on a
     # fast CPU), short enough not to dominate the suite (about 6 tokens a second on an AVX2 one).
-    folder = tmp_path_factory.mktemp("presets")
     small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
                  system_prompt="You tell long stories.", examples=["Tell me a story about a lighthouse."],
                  sampling={"temperature": 0.9, "max_tokens": {"default": 200, "max": 512}})
     small_preset(folder, "Terse", context=1536, description="Short, exact replies.",
                  system_prompt="Answer in one short sentence.", examples=["What is 2 + 2?"],
                  sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})
-    app = start_app("presets", "--presets-dir", str(folder), "--preset", "storyteller")
+    return launch_app("presets", "--presets-dir", str(folder), "--preset", "storyteller")
+
+
+@pytest.fixture(scope="module")
+def two_engine_app(request):
+    app = app_for(request)
     yield app
     stop_app(app)
 

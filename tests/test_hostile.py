@@ -16,6 +16,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ import websockets
 from chat.client import websocket_url
 from chat.history import text_of
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, USER, RunningApp, start_app, still_running, stop_app
+from tests.conftest import PROBLEM_LINE, USER, RunningApp, app_for, app_recipe, launch_app, still_running, stop_app
 
 pytestmark = pytest.mark.app
 
@@ -77,11 +78,15 @@ def event_problem(message: dict[str, Any]) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory) -> Iterator[RunningApp]:
+@app_recipe("workers", scope="module")
+def launch_two_workers(folder: Path) -> RunningApp:
     """Two UI workers behind Caddy on the default preset, as test_workers.py starts them."""
-    votes = tmp_path_factory.mktemp("hostile-votes") / "votes.sqlite3"
-    app = start_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(votes))
+    return launch_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(folder / "votes.sqlite3"))
+
+
+@pytest.fixture(scope="module")
+def workers(request) -> Iterator[RunningApp]:
+    app = app_for(request)
     yield app
     started = psutil.Process(app.process.pid).children(recursive=True)
     stop_app(app)  # a stop by signal ends everything it started (test_workers.py kills its app instead)
@@ -89,10 +94,11 @@ def workers(tmp_path_factory) -> Iterator[RunningApp]:
 
 
 @pytest.fixture(params=["one worker", "two workers behind Caddy"])
-def app(request, app_server) -> Iterator[RunningApp]:
+def app(request, app_server, workers) -> Iterator[RunningApp]:
     """The app under attack. `app_server` is named so that conftest's `nothing_left_behind` checks
-    its log after each test; for both apps the log is also checked here, and the app must still chat."""
-    target = app_server if request.param == "one worker" else request.getfixturevalue("workers")
+    its log after each test; for both apps the log is also checked here, and the app must still chat.
+    `workers` is named too (not asked for only by the second) so that it is launched ahead."""
+    target = app_server if request.param == "one worker" else workers
     start = target.log_path.stat().st_size
     yield target
     assert still_chats(target), "a normal /chat call failed after the sweep"

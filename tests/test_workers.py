@@ -39,9 +39,11 @@ from tests.conftest import (
     PROBLEM_LINE,
     ROOT,
     RunningApp,
+    app_for,
+    app_recipe,
     early_replies,
+    launch_app,
     small_preset,
-    start_app,
     still_running,
     stop_app,
 )
@@ -56,16 +58,19 @@ EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* 
 CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 
 
-@pytest.fixture(scope="module")
-def workers_app(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("presets")
+@app_recipe("workers_app", scope="module")
+def launch_workers_app(folder: Path) -> RunningApp:
     for name, context in CONTEXTS.items():
         small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})
     need = KV_BYTES + weights_bytes(model_dir(), "float32")
-    votes = tmp_path_factory.mktemp("votes") / "votes.sqlite3"
-    app = start_app("workers", "--ui-workers", "2", "--presets-dir", str(folder), "--preset", A,
-                    "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(votes),
-                    "--admin-local", "--host", "0.0.0.0")
+    return launch_app("workers", "--ui-workers", "2", "--presets-dir", str(folder), "--preset", A,
+                      "--memory-budget-gb", f"{2.5 * need / 1e9:.3f}", "--votes-db", str(folder / "votes.sqlite3"),
+                      "--admin-local", "--host", "0.0.0.0")
+
+
+@pytest.fixture(scope="module")
+def workers_app(request):
+    app = app_for(request)
     yield app
     started = descendants(app)  # none left when the module's last test killed the app (it checks this itself)
     stop_app(app)

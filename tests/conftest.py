@@ -257,7 +257,9 @@ def stop_app(app: RunningApp) -> None:
 # the tests before it mostly leave the machine's second core idle: the suite waited ~4 min for
 # app starts before this. One app at a time is launched ahead: each holds ~3.6 GB once started.
 SECONDS_PER_TEST = {"unit": 0.05, "engine": 4.0, "app": 5.0, "browser": 8.0}  # each tier's mean here
-LAUNCH_AHEAD_S = 60.0  # an app start, with room for the tests it runs beside
+# An app start, with room for the tests it runs beside; TESTS_LAUNCH_AHEAD_S=0 launches each app as
+# its first test needs it (to measure what launching ahead saves).
+LAUNCH_AHEAD_S = float(os.environ.get("TESTS_LAUNCH_AHEAD_S", "60"))
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_call(item: pytest.Item) -> None:
     """As a test begins: launch the next app a later test needs when the tests before that one should
     take about as long as its start (their tiers' means)."""
-    if LAUNCHED_AHEAD:
+    if LAUNCHED_AHEAD or LAUNCH_AHEAD_S <= 0:
         return
     starts = item.config.stash.get(APP_STARTS, {})
     position, _ = starts.get(item.nodeid, (len(item.session.items), []))

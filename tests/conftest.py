@@ -293,6 +293,15 @@ def app_for(request: pytest.FixtureRequest) -> RunningApp:
     return wait_ready(LAUNCHED_AHEAD.pop(request.fixturename, None) or launched(request.fixturename))
 
 
+def apps_used_by(item: pytest.Item) -> list[str]:
+    """The recipes' fixtures `item` uses: by name, and defined where the recipe is (a parametrize
+    argument of test_robustness.py is also called `workers`; taking it for test_hostile.py's app
+    launched that app for tests that never took it, which kept every later app from launching ahead)."""
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return [fixture for fixture in sorted(RECIPES.keys() & definitions.keys())
+            if definitions[fixture][-1].func.__module__ == RECIPES[fixture].launch.__module__]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Find where each app of RECIPES will be set up: a session fixture's at its first test, a module
     fixture's at the first test of each run of its module's tests (pytest ends it when the module's
@@ -303,7 +312,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for position, item in enumerate(session.items):
         run += position > 0 and item.parent is not session.items[position - 1].parent
         apps = []
-        for fixture in sorted(RECIPES.keys() & set(getattr(item, "fixturenames", ()))):
+        for fixture in apps_used_by(item):
             key = (fixture, run if RECIPES[fixture].scope == "module" else 0)
             if key not in seen:
                 seen.add(key)

@@ -266,6 +266,7 @@ LAUNCH_AHEAD_S = float(os.environ.get("TESTS_LAUNCH_AHEAD_S", "60"))
 class AppRecipe:
     scope: str  # the scope of the fixture that yields the app: "session" or "module"
     launch: Callable[[Path], RunningApp]  # writes what the app needs into a fresh folder, and launches it
+    alone: bool  # no other app is launched while its tests run: they use the machine's memory to its edge
 
 
 RECIPES: dict[str, AppRecipe] = {}  # by the name of the fixture that yields the app
@@ -273,10 +274,10 @@ LAUNCHED_AHEAD: dict[str, RunningApp] = {}  # by fixture name: launched, not yet
 APP_STARTS = pytest.StashKey[dict[str, tuple[int, list[str]]]]()  # by test id: its position, and the apps set up for it
 
 
-def app_recipe(fixture: str, scope: str) -> Callable[[Callable[[Path], RunningApp]], Callable[[Path], RunningApp]]:
+def app_recipe(fixture: str, scope: str, alone: bool = False) -> Callable[[Callable[[Path], RunningApp]], Callable[[Path], RunningApp]]:
     """Register how the app of `fixture` is launched, so that it can be launched ahead (`app_for`)."""
     def register(launch: Callable[[Path], RunningApp]) -> Callable[[Path], RunningApp]:
-        RECIPES[fixture] = AppRecipe(scope, launch)
+        RECIPES[fixture] = AppRecipe(scope, launch, alone)
         return launch
     return register
 
@@ -325,7 +326,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_call(item: pytest.Item) -> None:
     """As a test begins: launch the next app a later test needs when the tests before that one should
     take about as long as its start (their tiers' means)."""
-    if LAUNCHED_AHEAD or LAUNCH_AHEAD_S <= 0:
+    if LAUNCHED_AHEAD or LAUNCH_AHEAD_S <= 0 or any(RECIPES[app].alone for app in apps_used_by(item)):
         return
     starts = item.config.stash.get(APP_STARTS, {})
     position, _ = starts.get(item.nodeid, (len(item.session.items), []))

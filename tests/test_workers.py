@@ -58,7 +58,9 @@ EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* 
 CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 
 
-@app_recipe("workers_app", scope="module")
+# Alone: its tests start a third engine and kill cores and workers; the app behind a login launched
+# beside them once made the kernel kill an engine's worker for memory (24 GiB, a full run).
+@app_recipe("workers_app", scope="module", alone=True)
 def launch_workers_app(folder: Path) -> RunningApp:
     for name, context in CONTEXTS.items():
         small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})

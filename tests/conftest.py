@@ -253,9 +253,10 @@ def stop_app(app: RunningApp) -> None:
 
 
 # Apps started ahead of the first test that needs them, while the tests before it run. An app start
-# is ~40 s, nearly all of it one core importing vLLM in three processes (README "Developing"), and
-# the tests before it mostly leave the machine's second core idle: the suite waited ~4 min for
-# app starts before this. One app at a time is launched ahead: each holds ~3.6 GB once started.
+# is ~40 s, nearly all of it one core importing vLLM in three processes: the suite waited ~5 min in
+# set-up for app starts before this, ~2 min since, though on two cores the whole run gains less
+# (~40 s: the cores are busy ~80% of the time; README "Developing"). One app at a time is launched
+# ahead: each holds ~3.6 GB once started.
 SECONDS_PER_TEST = {"unit": 0.05, "engine": 4.0, "app": 5.0, "browser": 8.0}  # each tier's mean here
 # An app start, with room for the tests it runs beside; TESTS_LAUNCH_AHEAD_S=0 launches each app as
 # its first test needs it (to measure what launching ahead saves).

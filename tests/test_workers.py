@@ -59,7 +59,8 @@ CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 
 
 # Alone: its tests start a third engine and kill cores and workers; the app behind a login launched
-# beside them once made the kernel kill an engine's worker for memory (24 GiB, a full run).
+# beside them once made the kernel kill an engine's worker for memory (24 GiB, a full run; ~5 GB of
+# engines a killed run had left behind were there too, but 20 GB are in use here without them).
 @app_recipe("workers_app", scope="module", alone=True)
 def launch_workers_app(folder: Path) -> RunningApp:
     for name, context in CONTEXTS.items():

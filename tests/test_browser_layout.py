@@ -34,6 +34,16 @@ def covered_by(page, selector: str) -> str:
 # sideways), and boxes that scroll sideways inside themselves (a table wider than its box). Left out:
 # Gradio's plots, which draw at their box's width (their text is checked by UNREADABLE_CHART_TEXT),
 # and a code block, whose long lines scroll as code does.
+# Whether Stop showed at any moment from now on: a 12-token reply can be written between two looks
+# of a wait for it (a full run once missed it over 62 looks), so every change of the page is watched.
+WATCH_STOP = """() => {
+  window.stopShown = false;
+  const look = () => {
+    if (document.querySelector('#stop')?.checkVisibility()) { window.stopShown = true; observer.disconnect(); }
+  };
+  const observer = new MutationObserver(look);
+  observer.observe(document.body, {attributes: true, childList: true, subtree: true});
+}"""
 PAST_THE_EDGE = """(root) => [...document.querySelectorAll(root + ' *')]
     .filter((e) => e.checkVisibility() && !e.closest('.vega-embed, pre'))
     .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1
@@ -121,9 +131,10 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
         page.locator(CHAT_SETTINGS).wait_for(state="hidden")
         assert covered_by(page, "#message textarea") == "itself"
 
+    page.evaluate(WATCH_STOP)
     send(page, "Name three colours.")
-    page.locator("#stop").wait_for(state="visible")
     _, title = watch_reply(page, REPLIED)
+    assert page.evaluate("window.stopShown"), "Stop shows while the reply is written"
     assert "12 tokens" in title or "finished" in title
     page.locator("#stop").wait_for(state="hidden")
     assert page.locator(REPLY_TITLE).last.is_visible()

@@ -58,9 +58,9 @@ EXPECTED = re.compile(r"UI worker \d stopped \(exit code -9\)|The engine for .* 
 CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 
 
-# Alone: its tests start a third engine and kill cores and workers; the app behind a login launched
-# beside them once made the kernel kill an engine's worker for memory (24 GiB, a full run; ~5 GB of
-# engines a killed run had left behind were there too, but 20 GB are in use here without them).
+# Alone: its tests start a third engine and kill cores and workers. With the app behind a login
+# launched beside them the kernel once killed an engine's worker for memory (24 GiB, a full run, with
+# ~5 GB of engines a killed run had left behind); without either, ~15 GB are in use during them.
 @app_recipe("workers_app", scope="module", alone=True)
 def launch_workers_app(folder: Path) -> RunningApp:
     for name, context in CONTEXTS.items():

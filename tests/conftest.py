@@ -27,6 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
+pytest_plugins = ["tests.costs"]  # each tier's wall and CPU time, printed after the run
 
 
 TIERS = ("unit", "engine", "app", "browser")

@@ -262,16 +262,27 @@ def test_metrics_name_each_series_once_with_the_workers_labelled(workers_app):
 # --- hostile requests at the front door -------------------------------------------------------
 
 
-def raw(host: str, port: int, data: bytes, read_s: float = 10) -> bytes:
+def raw(host: str, port: int, data: bytes, read_s: float = 10, one_answer: bool = False) -> bytes:
+    """What the server sent back on one connection until it closed it or sent nothing for `read_s`;
+    with `one_answer`, until one whole answer with a Content-Length came (a kept-alive connection
+    otherwise idles until `read_s`)."""
     with socket.create_connection((host, port), timeout=read_s) as s:
         s.sendall(data)
-        chunks = []
+        received = b""
         try:
             while chunk := s.recv(65536):
-                chunks.append(chunk)
+                received += chunk
+                if one_answer and answer_complete(received):
+                    break
         except (TimeoutError, ConnectionResetError):
             pass
-        return b"".join(chunks)
+        return received
+
+
+def answer_complete(received: bytes) -> bool:
+    head, separator, body = received.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    return bool(separator and length and len(body) >= int(length[1]))
 
 
 def public_address() -> str:
@@ -290,7 +301,7 @@ def test_a_stranger_cannot_pass_as_this_machine_through_a_smuggled_connection(wo
         extra = b"Connection: keep-alive, noupgrade\r\nUpgrade: x\r\nX-Forwarded-For: 127.0.0.1\r\n" if hostile else b""
         head = (b"POST /gradio_api/call/capacity_stop HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 + extra + b"Content-Length: %d\r\n\r\n" % len(call) + call)
-        answer = raw(host, port, head, read_s=3)
+        answer = raw(host, port, head, read_s=3, one_answer=True)
         event = re.search(rb'"event_id":\s*"(\w+)"', answer)[1].decode()
         follow = (b"GET /gradio_api/call/capacity_stop/%s HTTP/1.1\r\nHost: x\r\n" % event.encode() + extra
                   + b"Connection: close\r\n\r\n")

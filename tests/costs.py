@@ -1,0 +1,80 @@
+"""What each tier of tests costs: wall time and the machine's CPU time, printed after every run.
+
+A run's CPU time says more than its wall time on a small machine: the engines, servers and browsers
+the tests start are other processes, so the test process's own CPU time misses most of it. The
+machine's busy time (from /proc/stat, Linux) counts everything, other programs on the machine too,
+which is why the summary says how busy the cores were: the CPU time divided by the cores is the
+least wall time that work could take in any order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PROC_STAT = Path("/proc/stat")
+# After the "cpu" label: user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice.
+# Busy is work done here: not idle or waiting, not stolen by a virtual machine's host, and not guest
+# time (already counted in user and nice).
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+
+
+def busy_cpu_s() -> float | None:
+    """Seconds of CPU the whole machine has spent busy since it booted (None off Linux)."""
+    try:
+        fields = [int(value) for value in PROC_STAT.read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[i] for i in BUSY_FIELDS if i < len(fields)) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class TierCost:
+    tests: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+COSTS = pytest.StashKey[dict[str, TierCost]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test's set-up, call and tear-down: what starts for it is counted with it."""
+    from tests.conftest import tier_of
+
+    cpu, wall = busy_cpu_s(), time.monotonic()
+    yield
+    cost = item.config.stash.setdefault(COSTS, {}).setdefault(tier_of(item), TierCost())
+    cost.tests += 1
+    cost.wall_s += time.monotonic() - wall
+    if cpu is not None and (now := busy_cpu_s()) is not None:
+        cost.cpu_s += now - cpu
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    costs = config.stash.get(COSTS, {})
+    if not costs or busy_cpu_s() is None:
+        return
+    from tests.conftest import TIERS
+
+    cores = len(os.sched_getaffinity(0))
+    write = terminalreporter.write_line
+    terminalreporter.section("cost by tier")
+    write(f"{'tier':8} {'tests':>5} {'wall':>8} {'CPU':>8} {'cores busy':>10}   (CPU: the whole machine's, {cores} cores)")
+    total = TierCost()
+    for tier in (tier for tier in TIERS if tier in costs):
+        cost = costs[tier]
+        total.tests, total.wall_s, total.cpu_s = total.tests + cost.tests, total.wall_s + cost.wall_s, total.cpu_s + cost.cpu_s
+        write(line(tier, cost, cores))
+    write(line("all", total, cores))
+    write(f"The least wall time this CPU time allows on {cores} cores: {total.cpu_s / cores:.0f} s.")
+
+
+def line(name: str, cost: TierCost, cores: int) -> str:
+    busy = cost.cpu_s / (cost.wall_s * cores) if cost.wall_s else 0.0
+    return f"{name:8} {cost.tests:5d} {cost.wall_s:7.0f}s {cost.cpu_s:7.0f}s {busy:10.0%}"

@@ -39,7 +39,9 @@ class TierCost:
     cpu_s: float = 0.0
 
 
-COSTS = pytest.StashKey[dict[str, TierCost]]()
+COSTS = pytest.StashKey[dict[str, TierCost]]()  # by tier
+MODULE_COSTS = pytest.StashKey[dict[str, TierCost]]()  # by test module
+COSTLIEST_MODULES = 10
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -49,11 +51,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
     cpu, wall = busy_cpu_s(), time.monotonic()
     yield
-    cost = item.config.stash.setdefault(COSTS, {}).setdefault(tier_of(item), TierCost())
-    cost.tests += 1
-    cost.wall_s += time.monotonic() - wall
-    if cpu is not None and (now := busy_cpu_s()) is not None:
-        cost.cpu_s += now - cpu
+    used_wall_s, now = time.monotonic() - wall, busy_cpu_s()
+    used_cpu_s = now - cpu if cpu is not None and now is not None else 0.0
+    module = item.nodeid.split("::", 1)[0]
+    for key, name in ((COSTS, tier_of(item)), (MODULE_COSTS, module)):
+        cost = item.config.stash.setdefault(key, {}).setdefault(name, TierCost())
+        cost.tests += 1
+        cost.wall_s += used_wall_s
+        cost.cpu_s += used_cpu_s
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
@@ -73,8 +78,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         write(line(tier, cost, cores))
     write(line("all", total, cores))
     write(f"The least wall time this CPU time allows on {cores} cores: {total.cpu_s / cores:.0f} s.")
+    modules = sorted(config.stash.get(MODULE_COSTS, {}).items(), key=lambda named: -named[1].cpu_s)
+    write(f"The {min(COSTLIEST_MODULES, len(modules))} modules that cost the most CPU:")
+    width = max((len(module) for module, _ in modules[:COSTLIEST_MODULES]), default=8)
+    for module, cost in modules[:COSTLIEST_MODULES]:
+        write(line(module, cost, cores, width))
 
 
-def line(name: str, cost: TierCost, cores: int) -> str:
+def line(name: str, cost: TierCost, cores: int, width: int = 8) -> str:
     busy = cost.cpu_s / (cost.wall_s * cores) if cost.wall_s else 0.0
-    return f"{name:8} {cost.tests:5d} {cost.wall_s:7.0f}s {cost.cpu_s:7.0f}s {busy:10.0%}"
+    return f"{name:{width}} {cost.tests:5d} {cost.wall_s:7.0f}s {cost.cpu_s:7.0f}s {busy:10.0%}"

@@ -79,7 +79,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     write(line("all", total, cores))
     write(f"The least wall time this CPU time allows on {cores} cores: {total.cpu_s / cores:.0f} s.")
     modules = sorted(config.stash.get(MODULE_COSTS, {}).items(), key=lambda named: -named[1].cpu_s)
-    write(f"The {min(COSTLIEST_MODULES, len(modules))} modules that cost the most CPU:")
+    write(f"The test modules that cost the most CPU (at most {COSTLIEST_MODULES}):")
     width = max((len(module) for module, _ in modules[:COSTLIEST_MODULES]), default=8)
     for module, cost in modules[:COSTLIEST_MODULES]:
         write(line(module, cost, cores, width))

@@ -71,11 +71,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     write = terminalreporter.write_line
     terminalreporter.section("cost by tier")
     write(f"{'tier':8} {'tests':>5} {'wall':>8} {'CPU':>8} {'cores busy':>10}   (CPU: the whole machine's, {cores} cores)")
-    total = TierCost()
     for tier in (tier for tier in TIERS if tier in costs):
-        cost = costs[tier]
-        total.tests, total.wall_s, total.cpu_s = total.tests + cost.tests, total.wall_s + cost.wall_s, total.cpu_s + cost.cpu_s
-        write(line(tier, cost, cores))
+        write(line(tier, costs[tier], cores))
+    total = TierCost(sum(c.tests for c in costs.values()), sum(c.wall_s for c in costs.values()),
+                     sum(c.cpu_s for c in costs.values()))
     write(line("all", total, cores))
     write(f"The least wall time this CPU time allows on {cores} cores: {total.cpu_s / cores:.0f} s.")
     modules = sorted(config.stash.get(MODULE_COSTS, {}).items(), key=lambda named: -named[1].cpu_s)

@@ -30,10 +30,6 @@ def covered_by(page, selector: str) -> str:
     )
 
 
-# Visible elements whose right edge passes the screen's (a control reachable only by scrolling
-# sideways), and boxes that scroll sideways inside themselves (a table wider than its box). Left out:
-# Gradio's plots, which draw at their box's width (their text is checked by UNREADABLE_CHART_TEXT),
-# and a code block, whose long lines scroll as code does.
 # Whether Stop showed at any moment from now on: a 12-token reply can be written between two looks
 # of a wait for it (a full run once missed it over 62 looks), so every change of the page is watched.
 WATCH_STOP = """() => {
@@ -44,6 +40,10 @@ WATCH_STOP = """() => {
   const observer = new MutationObserver(look);
   observer.observe(document.body, {attributes: true, childList: true, subtree: true});
 }"""
+# Visible elements whose right edge passes the screen's (a control reachable only by scrolling
+# sideways), and boxes that scroll sideways inside themselves (a table wider than its box). Left out:
+# Gradio's plots, which draw at their box's width (their text is checked by UNREADABLE_CHART_TEXT),
+# and a code block, whose long lines scroll as code does.
 PAST_THE_EDGE = """(root) => [...document.querySelectorAll(root + ' *')]
     .filter((e) => e.checkVisibility() && !e.closest('.vega-embed, pre'))
     .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1

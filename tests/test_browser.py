@@ -15,8 +15,14 @@ from tests.conftest import OUTPUT, ROOT
 
 pytestmark = pytest.mark.browser
 
-REPLY_TEXT = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
-REPLY_TITLE = "#chatbot .bot-row .thought .title"
+# A chat's bot messages as Gradio draws them, in the chat `{}`: a message's own text, and the title
+# lines (stats, waits, errors: each in a `.thought-group`). Gradio marks a titled message's box
+# `.thought` only when text comes before it, so a reply stopped before its first word (its stats
+# line alone) has none: the group, not that class, tells the two apart.
+BOT_TEXT = "{} .bot-row .message > [data-testid=bot]:not(:has(> .thought-group))"
+BOT_TITLE = "{} .bot-row [data-testid=bot] > .thought-group > .title"
+REPLY_TEXT = BOT_TEXT.format("#chatbot")
+REPLY_TITLE = BOT_TITLE.format("#chatbot")
 # What a reply's box says before its first word (for screen readers; out of sight): not the reply's text.
 NO_TEXT = re.sub(r"<[^>]+>", "", NO_TEXT_YET)
 
@@ -175,7 +181,7 @@ def test_history_survives_a_reload_with_its_stats(page):
     page.get_by_text("Say something about owls.").first.wait_for()  # in the saved chats list
     assert "owls" not in page.locator("#chatbot").inner_text()
     page.get_by_text("Say something about owls.").first.click()
-    page.wait_for_function("document.querySelectorAll('#chatbot .bot-row .thought .title').length === 2")
+    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2")
 
 
 # The page's stream of Gradio's messages, with each turn's end held back a second (a slow server or

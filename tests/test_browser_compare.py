@@ -13,13 +13,12 @@ import pytest
 
 from chat.stats import REPLIED, SUMMARY
 from tests.conftest import OUTPUT
-from tests.test_browser import is_text
+from tests.test_browser import BOT_TEXT, BOT_TITLE, is_text
 
 pytestmark = pytest.mark.browser
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
-TEXT = "#compare-chat-{} .bot-row .message:not(.thought) > [data-testid=bot]"
-TITLE = "#compare-chat-{} .bot-row .thought .title"
+TEXT, TITLE = BOT_TEXT.format("#compare-chat-{}"), BOT_TITLE.format("#compare-chat-{}")
 
 
 @pytest.fixture
@@ -203,8 +202,7 @@ def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_
     page.locator("#compare-stop").click()
     watch_columns(page, done="stopped by you")
     page.locator("#compare-send").dblclick()  # as people do: one turn, and no word about the second click
-    page.wait_for_function(
-        "[0, 1].every(c => document.querySelectorAll(`#compare-chat-${c} .bot-row .thought .title`).length === 2)")
+    page.wait_for_function(" && ".join(f"document.querySelectorAll({TITLE.format(c)!r}).length === 2" for c in (0, 1)))
     _, titles = watch_columns(page)
     assert all(REPLIED in title for title in titles), titles
     assert prompt.input_value() == "" and "Wait until" not in page.locator("#compare-status").inner_text()

@@ -9,13 +9,12 @@ import re
 import pytest
 
 from chat.stats import REPLIED
+from tests.test_browser import BOT_TEXT, BOT_TITLE, REPLY_TEXT, REPLY_TITLE
 
 pytestmark = pytest.mark.browser
 
-CHAT_REPLY = "#chatbot .bot-row .message:not(.thought) > [data-testid=bot]"
-CHAT_TITLE = "#chatbot .bot-row .thought .title"
-COMPARE_REPLY = "#compare-chat-{} .bot-row .message:not(.thought) > [data-testid=bot]"
-COMPARE_TITLE = "#compare-chat-{} .bot-row .thought .title"
+CHAT_REPLY, CHAT_TITLE = REPLY_TEXT, REPLY_TITLE
+COMPARE_REPLY, COMPARE_TITLE = BOT_TEXT.format("#compare-chat-{}"), BOT_TITLE.format("#compare-chat-{}")
 CODE_PROMPT = "Write a Python function that adds two numbers."
 
 DOCUMENT = """Here are the steps:

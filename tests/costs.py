@@ -1,4 +1,5 @@
-"""What each tier of tests costs: wall time and the machine's CPU time, printed after every run.
+"""What each tier of tests costs: wall time and the machine's CPU time, printed after every run with
+the costliest test modules and tests.
 
 A run's CPU time says more than its wall time on a small machine: the engines, servers and browsers
 the tests start are other processes, so the test process's own CPU time misses most of it. The
@@ -41,7 +42,8 @@ class TierCost:
 
 COSTS = pytest.StashKey[dict[str, TierCost]]()  # by tier
 MODULE_COSTS = pytest.StashKey[dict[str, TierCost]]()  # by test module
-COSTLIEST_MODULES = 10
+TEST_COSTS = pytest.StashKey[dict[str, TierCost]]()  # by test
+COSTLIEST = 10  # modules, and tests, named in the summary
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -54,7 +56,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     used_wall_s, now = time.monotonic() - wall, busy_cpu_s()
     used_cpu_s = now - cpu if cpu is not None and now is not None else 0.0
     module = item.nodeid.split("::", 1)[0]
-    for key, name in ((COSTS, tier_of(item)), (MODULE_COSTS, module)):
+    for key, name in ((COSTS, tier_of(item)), (MODULE_COSTS, module), (TEST_COSTS, item.nodeid)):
         cost = item.config.stash.setdefault(key, {}).setdefault(name, TierCost())
         cost.tests += 1
         cost.wall_s += used_wall_s
@@ -77,11 +79,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                      sum(c.cpu_s for c in costs.values()))
     write(line("all", total, cores))
     write(f"The least wall time this CPU time allows on {cores} cores: {total.cpu_s / cores:.0f} s.")
-    modules = sorted(config.stash.get(MODULE_COSTS, {}).items(), key=lambda named: -named[1].cpu_s)
-    write(f"The test modules that cost the most CPU (at most {COSTLIEST_MODULES}):")
-    width = max((len(module) for module, _ in modules[:COSTLIEST_MODULES]), default=8)
-    for module, cost in modules[:COSTLIEST_MODULES]:
-        write(line(module, cost, cores, width))
+    for what, key in (("test modules", MODULE_COSTS), ("tests", TEST_COSTS)):
+        write(f"The {what} that cost the most CPU (at most {COSTLIEST}):")
+        for named in costliest(config.stash.get(key, {}), cores):
+            write(named)
+
+
+def costliest(costs: dict[str, TierCost], cores: int, count: int = COSTLIEST) -> list[str]:
+    """The lines of the `count` costliest by CPU time, names aligned."""
+    top = sorted(costs.items(), key=lambda named: -named[1].cpu_s)[:count]
+    width = max((len(name) for name, _ in top), default=8)
+    return [line(name, cost, cores, width) for name, cost in top]
 
 
 def line(name: str, cost: TierCost, cores: int, width: int = 8) -> str:

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.browser
 # line alone) has none: the group, not that class, tells the two apart.
 BOT_TEXT = "{} .bot-row .message > [data-testid=bot]:not(:has(> .thought-group))"
 BOT_TITLE = "{} .bot-row [data-testid=bot] > .thought-group > .title"
-REPLY_TEXT = BOT_TEXT.format("#chatbot")
-REPLY_TITLE = BOT_TITLE.format("#chatbot")
+REPLY_TEXT, REPLY_TITLE = BOT_TEXT.format("#chatbot"), BOT_TITLE.format("#chatbot")
+COMPARE_TEXT, COMPARE_TITLE = BOT_TEXT.format("#compare-chat-{}"), BOT_TITLE.format("#compare-chat-{}")  # by column
 # What a reply's box says before its first word (for screen readers; out of sight): not the reply's text.
 NO_TEXT = re.sub(r"<[^>]+>", "", NO_TEXT_YET)
 

@@ -13,7 +13,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from chat.stats import REPLIED
 from chat.ui.messages import WAITING
-from tests.test_browser import BOT_TITLE, REPLY_TEXT, REPLY_TITLE
+from tests.test_browser import COMPARE_TITLE, REPLY_TEXT, REPLY_TITLE
 from tests.test_browser_layout import PAST_THE_EDGE
 
 pytestmark = pytest.mark.browser
@@ -159,7 +159,7 @@ def compare_with_replies(page) -> None:
     prompt.fill("Name a fruit.")
     prompt.press("Enter")
     for column in (0, 1):
-        title = page.locator(BOT_TITLE.format(f"#compare-chat-{column}")).filter(has_text=REPLIED)
+        title = page.locator(COMPARE_TITLE.format(column)).filter(has_text=REPLIED)
         title.first.wait_for(timeout=120_000)
     page.locator("#compare-ttft-plot svg").first.wait_for()
 

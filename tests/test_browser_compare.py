@@ -13,12 +13,11 @@ import pytest
 
 from chat.stats import REPLIED, SUMMARY
 from tests.conftest import OUTPUT
-from tests.test_browser import BOT_TEXT, BOT_TITLE, is_text
+from tests.test_browser import COMPARE_TEXT, COMPARE_TITLE, is_text
 
 pytestmark = pytest.mark.browser
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
-TEXT, TITLE = BOT_TEXT.format("#compare-chat-{}"), BOT_TITLE.format("#compare-chat-{}")
 
 
 @pytest.fixture
@@ -74,10 +73,10 @@ def watch_columns(page, within_s: float = 120, done: str = REPLIED) -> tuple[dic
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         for column in seen:
-            texts = page.locator(TEXT.format(column)).all_inner_texts()
+            texts = page.locator(COMPARE_TEXT.format(column)).all_inner_texts()
             if texts and is_text(texts[-1]) and (not seen[column] or texts[-1] != seen[column][-1]):
                 seen[column].append(texts[-1])
-        titles = [page.locator(TITLE.format(column)).all_inner_texts() for column in seen]
+        titles = [page.locator(COMPARE_TITLE.format(column)).all_inner_texts() for column in seen]
         if all(t and done in t[-1] for t in titles):
             return seen, [t[-1] for t in titles]
         time.sleep(0.05)
@@ -110,8 +109,8 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
         assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
     # Before the vote nothing beneath the replies tells the columns apart: no tokens, no times.
     assert titles[0] == titles[1] and not re.search(r"\d", titles[0]), titles
-    reply_box = page.locator(TEXT.format(0)).last.bounding_box()
-    stats_box = page.locator(TITLE.format(0)).last.bounding_box()
+    reply_box = page.locator(COMPARE_TEXT.format(0)).last.bounding_box()
+    stats_box = page.locator(COMPARE_TITLE.format(0)).last.bounding_box()
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
     assert (heading(page, 0), heading(page, 1)) == ("A", "B"), "names stay hidden until the vote"
     summary = page.locator("#compare-summary").inner_text()
@@ -194,7 +193,7 @@ def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_
     page.locator("#compare-blind input").uncheck()
     prompt.fill("Tell me a very long story about a dragon who learns to bake bread.")
     prompt.press("Enter")
-    page.wait_for_function(f"[...document.querySelectorAll({TEXT.format(0)!r})].some(e => e.innerText.length > 20)")
+    page.wait_for_function(f"[...document.querySelectorAll({COMPARE_TEXT.format(0)!r})].some(e => e.innerText.length > 20)")
     prompt.fill("Now say hi.")
     prompt.press("Enter")
     page.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('Wait until every column')")
@@ -202,7 +201,7 @@ def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_
     page.locator("#compare-stop").click()
     watch_columns(page, done="stopped by you")
     page.locator("#compare-send").dblclick()  # as people do: one turn, and no word about the second click
-    page.wait_for_function(" && ".join(f"document.querySelectorAll({TITLE.format(c)!r}).length === 2" for c in (0, 1)))
+    page.wait_for_function(" && ".join(f"document.querySelectorAll({COMPARE_TITLE.format(c)!r}).length === 2" for c in (0, 1)))
     _, titles = watch_columns(page)
     assert all(REPLIED in title for title in titles), titles
     assert prompt.input_value() == "" and "Wait until" not in page.locator("#compare-status").inner_text()

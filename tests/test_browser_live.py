@@ -9,12 +9,10 @@ import re
 import pytest
 
 from chat.stats import REPLIED
-from tests.test_browser import BOT_TEXT, BOT_TITLE, REPLY_TEXT, REPLY_TITLE
+from tests.test_browser import COMPARE_TEXT, COMPARE_TITLE, REPLY_TEXT, REPLY_TITLE
 
 pytestmark = pytest.mark.browser
 
-CHAT_REPLY, CHAT_TITLE = REPLY_TEXT, REPLY_TITLE
-COMPARE_REPLY, COMPARE_TITLE = BOT_TEXT.format("#compare-chat-{}"), BOT_TITLE.format("#compare-chat-{}")
 CODE_PROMPT = "Write a Python function that adds two numbers."
 
 DOCUMENT = """Here are the steps:
@@ -172,11 +170,11 @@ def test_what_a_reply_may_not_do_it_cannot_do_while_streaming_either(page):
 
 
 def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
-    page.evaluate(SAMPLER, [CHAT_REPLY, CHAT_TITLE, SAMPLE])
+    page.evaluate(SAMPLER, [REPLY_TEXT, REPLY_TITLE, SAMPLE])
     box = page.locator("#message textarea")
     box.fill(CODE_PROMPT)
     box.press("Enter")
-    page.wait_for_function(f"[...document.querySelectorAll({CHAT_TITLE!r})].some(t => t.innerText.includes({REPLIED!r}))",
+    page.wait_for_function(f"[...document.querySelectorAll({REPLY_TITLE!r})].some(t => t.innerText.includes({REPLIED!r}))",
                            timeout=120_000)
     page.wait_for_function("window.__samples.length && !window.__samples[window.__samples.length - 1].live")  # finished
     samples = page.evaluate(SAMPLES)
@@ -195,7 +193,7 @@ def test_a_streaming_chat_reply_reads_formatted_at_every_moment(page):
 def test_compare_columns_stream_formatted_text_too(page):
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").wait_for()
-    page.evaluate(SAMPLER, [COMPARE_REPLY.format(0), COMPARE_TITLE.format(0), SAMPLE])
+    page.evaluate(SAMPLER, [COMPARE_TEXT.format(0), COMPARE_TITLE.format(0), SAMPLE])
     page.locator("#compare-prompt textarea").fill(CODE_PROMPT)
     page.locator("#compare-send").click()
     for column in (0, 1):  # each column's line beneath its reply is no longer "⏳ Writing…"

@@ -26,6 +26,7 @@ import httpx
 
 from bench.gradio_browser import Tab, Watch
 from bench.gradio_page import Page, load_page, message_text
+from bench.gradio_stream import http_client
 from bench.start_line import start_line, wait_at
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
@@ -62,10 +63,6 @@ def plain_history(history: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": message_text(m)} for m in history
             if m.get("role") in ("user", "assistant") and not (m.get("metadata") or {}).get("title")]
 
-
-def _client(concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=4 * concurrency + 8, max_keepalive_connections=2 * concurrency + 4)
-    return httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits)
 
 
 async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
@@ -163,7 +160,7 @@ async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], conc
                   ws: dict[str, Any], line: Any = None) -> list[Turn]:
     """Each reader's first tab loads its page before the burst starts (people who press Enter
     together already have the page open); later turns open their tab in their reader's time."""
-    async with _client(concurrency) as http:
+    async with http_client(concurrency) as http:
         page = await load_page(http, url) if protocol != "ws" else None
         todo = list(work)
         out: list[Turn] = []
@@ -186,7 +183,7 @@ async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], conc
 async def _open(url: str, protocol: str, work: list[tuple[int, Request]], t0: float, rate: float,
                 ws: dict[str, Any]) -> list[Turn]:
     """Open loop: turn i starts at t0 + i / rate, whatever the server's state (arrivals, not readers)."""
-    async with _client(len(work)) as http:
+    async with http_client(len(work)) as http:
         page = await load_page(http, url) if protocol != "ws" else None
 
         async def arrive(index: int, request: Request) -> Turn:
@@ -230,7 +227,7 @@ def capture_chat(url: str, request: Request) -> list[dict[str, Any]]:
     app's annotations), to make earlier turns of."""
 
     async def go() -> list[dict[str, Any]]:
-        async with _client(1) as http:
+        async with http_client(1) as http:
             page = await load_page(http, url)
             tab = Tab(http, url, page)
             await tab.pin()

@@ -21,6 +21,19 @@ Leave = Literal["cancel", "disconnect"]
 
 # What gradio_client says of itself: the app streams text through Gradio to programs (chat/ui/live_script.py).
 PROGRAM = {"x-gradio-user": "api"}
+# The app's server (uvicorn) closes a connection idle for 5 s, and httpx keeps one for 5 s: a request
+# sent on it just then is reset unanswered (httpx.ReadError; failed CI once, in test_load). A browser
+# sends such a request again; httpx does not, so these clients drop an idle connection first, as the
+# front door does (chat/front_door.py, UPSTREAM_IDLE_S).
+IDLE_CONNECTION_S = 2.0
+
+
+def http_client(concurrency: int, timeout_s: float = 900.0) -> httpx.AsyncClient:
+    """An httpx client for `concurrency` readers at once: each holds a stream and may send one more
+    request beside it (a cancel, a page's next event)."""
+    limits = httpx.Limits(max_connections=4 * concurrency + 8, max_keepalive_connections=2 * concurrency + 4,
+                          keepalive_expiry=IDLE_CONNECTION_S)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits)
 
 
 @dataclass

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
-import httpx
-
-from bench.gradio_stream import GradioChat
+from bench.gradio_stream import GradioChat, http_client
 from bench.start_line import start_line, wait_at
 
 
@@ -35,10 +33,6 @@ class Reply:
     error: str | None = None
     process_started: float | None = None
 
-
-def _client(concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=4 * concurrency + 8, max_keepalive_connections=2 * concurrency + 4)
-    return httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits)
 
 
 async def _one(client: GradioChat, index: int, data: list[Any]) -> Reply:
@@ -82,7 +76,7 @@ async def _one_ws(url: str, index: int, request: dict[str, Any]) -> Reply:
 
 async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, protocol: str,
                   line: Any = None) -> list[Reply]:
-    async with _client(concurrency) as http:
+    async with http_client(concurrency) as http:
         if protocol == "gradio":
             client = GradioChat(http, url)
             await client.fn_index()
@@ -100,7 +94,7 @@ async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, p
 
 
 async def _open(url: str, payloads: list[tuple[int, Any]], t0: float, rate: float, protocol: str) -> list[Reply]:
-    async with _client(len(payloads)) as http:
+    async with http_client(len(payloads)) as http:
         if protocol == "gradio":
             client = GradioChat(http, url)
             await client.fn_index()

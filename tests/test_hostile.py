@@ -24,6 +24,7 @@ import psutil
 import pytest
 import websockets
 
+from bench.gradio_stream import IDLE_CONNECTION_S
 from chat.client import websocket_url
 from chat.history import text_of
 from chat.stats import SUMMARY
@@ -37,6 +38,7 @@ STACK = re.compile(r'Traceback \(most recent call last\)|File "[^"]*", line \d+|
 SENTENCE = re.compile(r"\S.{3,600}[.!?]", re.S)  # one or a few sentences, not a dump
 SHORT = 2000  # characters in a 4xx body
 AT_ONCE = 12  # requests in flight at once: enough to overlap, few enough for two cores
+LIMITS = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S)  # idle connections dropped before the server drops them
 JUNK = {"nested": [[{"deeper": [None, True, {"x": "y"}]}]], "n": -1}
 HUGE = "h" * 300_000
 # Raw JSON that encoders refuse to write: NaN, infinities, 1e400 (inf once parsed), lone surrogates.
@@ -137,7 +139,7 @@ async def send_all(url: str, requests: list[tuple[str, str, str, Any]], **option
             response = await http.request(method, url + path, content=content, headers=headers, timeout=60)
         return Answer(f"{label} ({method} /{path[:80]})", response.status_code, response.text)
 
-    async with httpx.AsyncClient(**options) as http:
+    async with httpx.AsyncClient(limits=LIMITS, **options) as http:
         return list(await asyncio.gather(*(one(http, *r) for r in requests)))
 
 
@@ -210,7 +212,7 @@ def join_body(dependency: dict, session: str, data: str, **fields: Any) -> bytes
 
 
 async def config(url: str) -> dict:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(limits=LIMITS) as http:
         response = await http.get(url + "config", timeout=30)
     response.raise_for_status()
     return response.json()
@@ -242,7 +244,7 @@ async def test_every_event_of_the_page_answers_hostile_inputs_with_a_sentence(ap
     page = await config(app.url)
     dependencies = page["dependencies"]
     assert len(dependencies) >= 10, "the page's config lists its events"
-    async with httpx.AsyncClient(timeout=90) as http:
+    async with httpx.AsyncClient(limits=LIMITS, timeout=90) as http:
         lazy_session, lazy = await lazy_dependencies(app.url, dependencies, http)
         assert len(lazy) >= 5, "opening the lazily made tabs adds their events"
         gate = asyncio.Semaphore(AT_ONCE // 3)
@@ -280,7 +282,7 @@ async def test_a_typed_turn_saves_its_chat_over_saved_chats_that_are_junk(app):
         data[by_name["knob-max_tokens"]] = 2
         data[-1] = junk  # the saved chats, the turn's last input
         session = uuid.uuid4().hex
-        async with httpx.AsyncClient(timeout=90) as http:
+        async with httpx.AsyncClient(limits=LIMITS, timeout=90) as http:
             joined = await http.post(app.url + "gradio_api/queue/join", content=join_body(turn, session, json.dumps(data)),
                                      headers={"Content-Type": "application/json"})
             assert joined.status_code == 200, joined.text
@@ -354,7 +356,7 @@ async def test_named_api_routes_answer_hostile_calls_with_a_sentence(app):
         ("a huge first value", json.dumps({"data": [HUGE]}).encode()),
         ("data as an object", b'{"data": {"message": "Hi"}}'),
     ]
-    async with httpx.AsyncClient(timeout=90) as http:
+    async with httpx.AsyncClient(limits=LIMITS, timeout=90) as http:
         async def call(name: str, label: str, body: bytes) -> Answer:
             post = await http.post(f"{app.url}gradio_api/call/{name}", content=body, headers={"Content-Type": "application/json"})
             what = f"/call/{name}: {label}"
@@ -397,7 +399,7 @@ async def test_uploads_and_file_paths_cannot_break_or_leak(app):
     def upload(name: str, body: str, end: str = f"--{boundary}--\r\n") -> bytes:
         return (part.replace("{name}", name).format(body=body) + end).encode()
 
-    async with httpx.AsyncClient(timeout=90) as http:
+    async with httpx.AsyncClient(limits=LIMITS, timeout=90) as http:
         async def post(label: str, content: bytes, headers: dict[str, str]) -> Answer:
             response = await http.post(app.url + "gradio_api/upload", content=content, headers=headers)
             return Answer(f"upload: {label}", response.status_code, response.text)

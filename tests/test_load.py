@@ -7,10 +7,9 @@ import re
 import urllib.request
 from collections import Counter
 
-import httpx
 import psutil
 
-from bench.gradio_stream import GradioChat
+from bench.gradio_stream import ChatResult, GradioChat, http_client
 from chat.stats import SUMMARY, Finish
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -36,9 +35,11 @@ def replies_counted(url: str) -> dict[str, float]:
     }
 
 
-async def run_round(url: str, count: int, abandon_every: int = 0) -> list:
-    limits = httpx.Limits(max_connections=4 * count, max_keepalive_connections=2 * count)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0), limits=limits) as http:
+async def run_round(url: str, count: int, abandon_every: int = 0) -> list[ChatResult]:
+    """`count` conversations at once; every one is followed to its end, whatever another meets (a
+    failure is kept as its result's error instead of cancelling the others midway, which would leave
+    requests behind and hide what went wrong)."""
+    async with http_client(count, 180.0) as http:
         client = GradioChat(http, url)
         jobs = []
         for i in range(count):
@@ -53,17 +54,21 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list:
             else:
                 message, max_tokens = f"Conversation {i}: name {i % 7 + 2} colours.", 24
             jobs.append(client.chat(data(message, max_tokens), leave=leave))
-        return await asyncio.gather(*jobs)
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+    return [r if isinstance(r, ChatResult) else ChatResult(started=0.0, error=repr(r)) for r in results]
 
 
 def test_64_conversations_with_a_quarter_abandoned(app_server):
-    asyncio.run(run_round(app_server.url, 8))  # warm-up: first-use allocations are not leaks
+    warm_up = asyncio.run(run_round(app_server.url, 8))  # first-use allocations are not leaks
+    assert all(r.completed for r in warm_up), [r.error for r in warm_up]
     app_server.wait_idle()
     before_memory = memory_mb(app_server.process.pid)
     before = replies_counted(app_server.url)
 
     results = asyncio.run(run_round(app_server.url, 64, abandon_every=4))
 
+    errors = [r.error for r in results if r.error]
+    assert not errors, errors[:3]
     abandoned = results[::4]
     kept = [r for i, r in enumerate(results) if i % 4]
     assert len(abandoned) == 16 and len(kept) == 48

@@ -21,10 +21,10 @@ Leave = Literal["cancel", "disconnect"]
 
 # What gradio_client says of itself: the app streams text through Gradio to programs (chat/ui/live_script.py).
 PROGRAM = {"x-gradio-user": "api"}
-# The app's server (uvicorn) closes a connection idle for 5 s, and httpx keeps one for 5 s: a request
-# sent on it just then is reset unanswered (httpx.ReadError; failed CI once, in test_load). A browser
-# sends such a request again; httpx does not, so these clients drop an idle connection first, as the
-# front door does (chat/front_door.py, UPSTREAM_IDLE_S).
+# Gradio's server (uvicorn) closes a connection idle for 5 s unless told otherwise, and httpx keeps one
+# for 5 s: a request sent on it just then is reset unanswered (httpx.ReadError; failed CI once, in
+# test_load). A browser sends such a request again; httpx does not, so these clients drop an idle
+# connection first, whichever Gradio app they measure (this one keeps one 20 s: chat/ui/gradio_internals.py).
 IDLE_CONNECTION_S = 2.0
 
 

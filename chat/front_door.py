@@ -49,8 +49,9 @@ RETRY_FOR_S = 5
 # What a request gets when no worker answered within RETRY_FOR_S: while the app starts, or all its
 # workers are being replaced. Said by Caddy (no worker can), and not logged as an error.
 NO_WORKER = "The app is starting, or restarting a part of itself; try again in a few seconds."
-# Caddy must drop an idle connection to a worker before the worker does (uvicorn: after 5 s), or a
-# request sent on it just then is reset and answered 502 (seen on the H200 with bursts of 256).
+# Caddy must drop an idle connection to a worker before the worker does, or a request sent on it
+# just then is reset and answered 502 (seen on the H200 with bursts of 256, when workers kept one 5 s,
+# uvicorn's default; they now keep one 20 s: chat/ui/gradio_internals.py, item 8).
 UPSTREAM_IDLE_S = 3
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import re
 import subprocess
 import sys
 import threading
 import time
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from chat.stats import REPLIED
 from tests.conftest import ROOT, get_json
@@ -89,6 +90,25 @@ def test_a_preset_is_chosen_by_name_only(client):
     job = client.submit("Hi", "../../etc/passwd", "", 0.7, 0.9, 0, 8, 1.0, -1, api_name="/chat")
     assert final_title(job.result()).startswith("⚠️ There is no preset named '../../etc/passwd'")
     assert "📊" in final_title(chat(client, "Hi", max_tokens=2).result())
+
+
+def test_an_idle_connection_is_kept_longer_than_programs_keep_theirs(app_server):
+    """httpx, and so gradio_client, keeps an idle connection 5 s, uvicorn's default too: a request sent
+    on it as the server closes it is reset unanswered. The app keeps one 20 s (chat/ui/gradio_internals.py,
+    item 8), so the program always lets go first."""
+    address = urlsplit(app_server.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        connection.request("GET", "/healthz")
+        connection.getresponse().read()
+        kept = connection.sock
+        time.sleep(6)  # idle between two calls, a second longer than those programs keep a connection
+        connection.request("GET", "/healthz")
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 200 and connection.sock is kept, "the second request should reuse the connection"
+    finally:
+        connection.close()
 
 
 def test_health_reports_the_engine_and_its_start_time(app_server):

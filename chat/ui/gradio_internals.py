@@ -47,6 +47,13 @@ engine, limited replies at 64 and more streams:
    first event in each process paid for that import, about half a second per UI worker (and the
    font cache, the first time on a machine). `warm_event_path` pays it at start, before the
    process serves.
+
+8. uvicorn, which Gradio serves with, closes a connection idle for 5 s: exactly as long as httpx
+   (and so gradio_client) keeps one, so a request such a client sends just then is reset unanswered
+   (a browser sends it again; those clients raise). Gradio has no setting for it: `_PatientServer`
+   keeps one `IDLE_CONNECTION_S`, longer than the usual programs keep theirs (httpx 5 s, Node's
+   fetch 4 s, aiohttp 15 s), so they let go first; not much longer, since every idle connection holds
+   a file descriptor of the app's process. Behind the front door, Caddy lets go first (3 s).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ from chat.ui import gradio_errors
 
 log = logging.getLogger(__name__)
 
+IDLE_CONNECTION_S = 20  # item 8
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
 
@@ -290,6 +298,7 @@ def install() -> None:
     for name, function in _PATCHES.items():
         setattr(SessionState, name, function)
     gradio_errors.install()
+    http_server.Server = _PatientServer
 
 
 def enable_queue(demo: gradio.Blocks) -> None:
@@ -316,7 +325,15 @@ def chat_parts(chat: gradio.ChatInterface) -> ChatParts:
         raise UntestedGradio(f"Gradio's ChatInterface changed ({exc}); install gradio>=6.31,<6.32.") from exc
 
 
-class _ServerOnSocket(http_server.Server):
+class _PatientServer(http_server.Server):
+    """Item 8: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        config.timeout_keep_alive = IDLE_CONNECTION_S
+        super().__init__(config, *args, **kwargs)
+
+
+class _ServerOnSocket(_PatientServer):
     """Gradio's server thread (it stops with the app's `close()`), accepting on an open socket."""
 
     def __init__(self, config: Any, listener: socket.socket) -> None:

@@ -64,7 +64,6 @@ def plain_history(history: list[dict[str, Any]]) -> list[dict[str, str]]:
             if m.get("role") in ("user", "assistant") and not (m.get("metadata") or {}).get("title")]
 
 
-
 async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
     """Give the tab earlier turns: the chat shows them and the server's session holds them."""
     chatbot = tab.page.component("chatbot")

@@ -34,7 +34,6 @@ class Reply:
     process_started: float | None = None
 
 
-
 async def _one(client: GradioChat, index: int, data: list[Any]) -> Reply:
     started = time.monotonic()
     try:

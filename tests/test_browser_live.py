@@ -65,6 +65,7 @@ SAMPLE = """(root) => {
   }
   return {
     live,
+    end: holder.innerText.slice(-160), // what the reader saw last, for a failure's message
     blocks: blocks.map((b) => ({tag: b.querySelector('pre') || b.tagName === 'PRE' ? 'PRE' : b.tagName,
                                 top: Math.round(b.getBoundingClientRect().top - top)})),
     prose,
@@ -129,7 +130,9 @@ def check_samples(samples: list[dict], line_px: int = 26) -> None:
     assert samples, "no sample of the reply was taken"
     bad = [(n, p) for n, s in enumerate(samples) for p in problems(s)]
     bad += [(n, p) for n, (a, b) in enumerate(zip(samples, samples[1:], strict=False), 1) for p in moved(a, b, line_px)]
-    assert not bad, f"{len(bad)} broken moments of {len(samples)}, first: {bad[:3]}"
+    # The moments around the first broken one, as the page had them (is it the live box or Gradio's copy?).
+    around = samples[max(bad[0][0] - 1, 0):bad[0][0] + 2] if bad else []
+    assert not bad, f"{len(bad)} broken moments of {len(samples)}, first: {bad[:3]}; around the first: {around}"
 
 
 def test_every_moment_of_a_reply_with_a_list_a_table_and_code_renders_as_formatted_text(page):

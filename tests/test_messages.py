@@ -1,0 +1,37 @@
+"""How a reply being written looks in Gradio's own copy (chat/ui/messages.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from chat.ui.live_script import SCRIPT
+from chat.ui.messages import MAY_BECOME, NO_TEXT_YET, live_body, settled_copy
+
+
+@pytest.mark.parametrize(("text", "copy"), [
+    ("Sure:\n```python", "Sure:\n"),  # Gradio draws this fence as text: "Sure:<br>```python"
+    ("```py", ""),
+    ("Here:\n| Name | Value |", "Here:\n"),  # a table row before its delimiter row
+    ("Steps:\n1.", "Steps:\n"),
+    ("Steps:\n-", "Steps:\n"),
+    ("Sure:\n```python\ndef add(a, b):", "Sure:\n```python\ndef add(a, b):"),  # the fence's line has ended
+    ("Steps:\n- first", "Steps:\n- first"),  # a list item already
+    ("One line, still growing", "One line, still growing"),
+    ("", ""),
+])
+def test_the_copy_of_a_reply_being_written_holds_back_a_last_line_that_may_change_form(text, copy):
+    assert settled_copy(text) == copy
+
+
+def test_a_reply_with_nothing_to_show_yet_says_so_to_screen_readers():
+    assert live_body("live-1", "```py").endswith(NO_TEXT_YET)
+    assert live_body("live-1", "Sure:\n```python").startswith('<div class="live-reply stream-live-1"></div>\n\nSure:\n')
+
+
+def test_the_page_holds_back_the_same_last_lines_as_the_copy():
+    """live.js's pattern is this one: the page's box and Gradio's copy never disagree on what may still change."""
+    found = re.search(r"const MAY_BECOME = /(.+)/;", SCRIPT)
+    assert found, "live.js defines MAY_BECOME"
+    assert found[1] == MAY_BECOME.pattern

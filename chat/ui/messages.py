@@ -63,15 +63,15 @@ PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n
 
 # A last line, not yet ended, that may still turn into other Markdown: a fence, a heading's or list
 # item's marker, a quote, a table row. live.js holds it back from the page's box with the same pattern
-# (its MAY_BECOME; tests/test_live.py checks that the two are one).
+# (its MAY_BECOME; tests/test_messages.py checks that the two are one).
 MAY_BECOME = re.compile(r"^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|\d{1,9}[.)]?|>|\|.*)\s*$")
 
 
 def settled_copy(text: str) -> str:
     """`text` less a last line that may still become other Markdown. Gradio draws its copy of a reply
     being written as it stands, and a fence whose line has not ended is a paragraph with the fence in
-    it as text ("Sure:\\n```python"); the copy shows while the page's box is empty (CI saw it once in a
-    Compare column, between the redraw that made the box and the box's first text)."""
+    it as text ("Sure:\\n```python"); the copy shows while the page's box is empty (a full test run saw it
+    once in a Compare column, between the redraw that made the box and the box's first text)."""
     head, newline, last = text.rpartition("\n")
     return head + newline if MAY_BECOME.match(last) else text
 

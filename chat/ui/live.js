@@ -47,9 +47,10 @@
   // a last line that may be the start of a fence, a list item, a heading's underline or a table
   // row; a table not yet followed by its delimiter row; an unfinished link; a half-typed marker;
   // and with an unclosed ** or ` closed for now, so that neither shows as text.
-  // MAY_BECOME is also Gradio's copy's (chat/ui/messages.py: the copy shows until the box has text).
   const FENCE = /^ {0,3}(`{3,}|~{3,})/;
-  const MAY_BECOME = /^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|\d{1,9}[.)]?|>|\|.*)\s*$/;
+  // Gradio's copy of the text holds back the same last line: chat/ui/live_script.py puts the pattern
+  // of chat/ui/messages.py in place of this one.
+  const MAY_BECOME = /MAY_BECOME/;
   const MAY_CLOSE_FENCE = /^ {0,3}(`{1,}|~{1,})\s*$/;
   const TABLE_DELIMITER = /^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 

@@ -19,12 +19,15 @@ they get every redraw's text through Gradio, without a box (`is_browser`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from chat.ui.messages import MAY_BECOME
 
 _HERE = Path(__file__).parent
 # marked, the Markdown parser Gradio's chat uses, run where no AMD loader or CommonJS module can
@@ -33,7 +36,8 @@ _HERE = Path(__file__).parent
 # with every visit, to be parsed before anything was drawn.
 MARKED = (_HERE / "vendor" / "marked-12.0.2.min.js").read_text(encoding="utf-8")
 MARKED_PATH = "page/marked-12.0.2.js"
-SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8")
+# The one pattern of a last line that may still change form, which Gradio's copy holds back too.
+SCRIPT = (_HERE / "live.js").read_text(encoding="utf-8").replace("/MAY_BECOME/", f"new RegExp({json.dumps(MAY_BECOME.pattern)})", 1)
 HEAD = f'<script defer src="{MARKED_PATH}"></script><script>{SCRIPT}</script>'
 
 

@@ -44,6 +44,23 @@ COSTS = pytest.StashKey[dict[str, TierCost]]()  # by tier
 MODULE_COSTS = pytest.StashKey[dict[str, TierCost]]()  # by test module
 TEST_COSTS = pytest.StashKey[dict[str, TierCost]]()  # by test
 COSTLIEST = 10  # modules, and tests, named in the summary
+# Spread over processes (pytest-xdist, `scripts/test --fast`), the tests overlap, so a test's share of
+# the machine's CPU cannot be told: the process that reports measures the whole run instead.
+RUN_START = pytest.StashKey[tuple[float, float | None]]()  # wall, and the machine's busy CPU, at the start
+TESTS_SEEN: dict[str, int] = {}  # by tier: the tests reported by the processes that ran them
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[RUN_START] = (time.monotonic(), busy_cpu_s())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each test once (its tear-down), by the tier marker it carries: this is how a run spread
+    over processes learns its tiers (the reports come back with their markers among the keywords)."""
+    from tests.conftest import TIERS
+
+    if report.when == "teardown" and (tier := next((t for t in TIERS if t in report.keywords), None)):
+        TESTS_SEEN[tier] = TESTS_SEEN.get(tier, 0) + 1
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -65,7 +82,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     costs = config.stash.get(COSTS, {})
-    if not costs or busy_cpu_s() is None:
+    if busy_cpu_s() is None or not (costs or TESTS_SEEN):
         return
     from tests.conftest import TIERS
 
@@ -73,6 +90,11 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     write = terminalreporter.write_line
     terminalreporter.section("cost by tier")
     write(f"{'tier':8} {'tests':>5} {'wall':>8} {'CPU':>8} {'cores busy':>10}   (CPU: the whole machine's, {cores} cores)")
+    if not costs:  # the tests ran in other processes (pytest-xdist)
+        write(spread_run_line(config, cores))
+        write("The tests ran in several processes at once: the line is the whole run, starting the processes and "
+              "collecting the tests included; a test's own cost is not measured.")
+        return
     for tier in (tier for tier in TIERS if tier in costs):
         write(line(tier, costs[tier], cores))
     total = TierCost(sum(c.tests for c in costs.values()), sum(c.wall_s for c in costs.values()),
@@ -83,6 +105,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         write(f"The {what} that cost the most CPU (at most {COSTLIEST}):")
         for named in costliest(config.stash.get(key, {}), cores):
             write(named)
+
+
+def spread_run_line(config: pytest.Config, cores: int) -> str:
+    """One line for a run whose tests other processes ran: its tier if it had one, else "all"."""
+    wall, cpu = config.stash.get(RUN_START, (time.monotonic(), None))
+    now = busy_cpu_s()
+    run = TierCost(sum(TESTS_SEEN.values()), time.monotonic() - wall, now - cpu if cpu is not None and now is not None else 0.0)
+    return line(next(iter(TESTS_SEEN)) if len(TESTS_SEEN) == 1 else "all", run, cores)
 
 
 def costliest(costs: dict[str, TierCost], cores: int, count: int = COSTLIEST) -> list[str]:

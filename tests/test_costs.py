@@ -31,3 +31,22 @@ def test_the_costliest_come_first_with_their_names_aligned():
     lines = costliest(costs, cores=2, count=2)
     assert [named.split()[0] for named in lines] == ["tests/b.py::dear", "tests/c.py::middle_one"]
     assert len({named.index("s ") for named in lines}) == 1, lines  # the figures line up
+
+
+def test_a_run_spread_over_processes_is_one_line_for_its_tier_or_all(monkeypatch):
+    """With pytest-xdist the reports come back with their markers, and the run is measured whole."""
+    from _pytest.reports import TestReport
+
+    from tests import costs
+
+    monkeypatch.setattr(costs, "TESTS_SEEN", {})
+    for when in ("setup", "call", "teardown"):
+        costs.pytest_runtest_logreport(TestReport("t.py::a", ("t.py", 1, "a"), {"unit": 1}, "passed", None, when))
+    costs.pytest_runtest_logreport(TestReport("t.py::b", ("t.py", 2, "b"), {"b": 1}, "passed", None, "teardown"))
+    assert costs.TESTS_SEEN == {"unit": 1}, "one test, counted once, by its tier; a test without one is not"
+
+    config = type("Config", (), {"stash": pytest.Stash()})()
+    config.stash[costs.RUN_START] = (time.monotonic() - 20.0, costs.busy_cpu_s())
+    assert costs.spread_run_line(config, cores=2).split()[:3] == ["unit", "1", "20s"]
+    costs.TESTS_SEEN["engine"] = 2
+    assert costs.spread_run_line(config, cores=2).split()[:2] == ["all", "3"]

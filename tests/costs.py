@@ -109,7 +109,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 def spread_run_line(config: pytest.Config, cores: int) -> str:
     """One line for a run whose tests other processes ran: its tier if it had one, else "all"."""
-    wall, cpu = config.stash.get(RUN_START, (time.monotonic(), None))
+    wall, cpu = config.stash[RUN_START]
     now = busy_cpu_s()
     run = TierCost(sum(TESTS_SEEN.values()), time.monotonic() - wall, now - cpu if cpu is not None and now is not None else 0.0)
     return line(next(iter(TESTS_SEEN)) if len(TESTS_SEEN) == 1 else "all", run, cores)

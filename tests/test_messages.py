@@ -15,13 +15,16 @@ HELD_BACK = [  # (the text so far, what Gradio's copy shows of it)
 ]
 
 
-@pytest.mark.parametrize(("text", "copy"), [
-    *HELD_BACK,
+KEPT = [  # (the text so far, shown whole)
     ("Sure:\n```python\ndef add(a, b):", "Sure:\n```python\ndef add(a, b):"),  # the fence's line has ended
     ("Steps:\n- first", "Steps:\n- first"),  # a list item already
+    ("Steps:\n\u0663.", "Steps:\n\u0663."),  # an Arabic-Indic 3 is no list marker (ASCII digits only, in both)
     ("One line, still growing", "One line, still growing"),
     ("", ""),
-])
+]
+
+
+@pytest.mark.parametrize(("text", "copy"), [*HELD_BACK, *KEPT])
 def test_the_copy_of_a_reply_being_written_holds_back_a_last_line_that_may_change_form(text, copy):
     assert settled_copy(text) == copy
 

@@ -64,7 +64,7 @@ PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n
 # A last line, not yet ended, that may still turn into other Markdown: a fence, a heading's or list
 # item's marker, a quote, a table row. live.js holds it back from the page's box with this pattern
 # (chat/ui/live_script.py puts it there).
-MAY_BECOME = re.compile(r"^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|\d{1,9}[.)]?|>|\|.*)\s*$")
+MAY_BECOME = re.compile(r"^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|[0-9]{1,9}[.)]?|>|\|.*)\s*$")
 
 
 def settled_copy(text: str) -> str:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -114,7 +114,7 @@ class CapacityRun:
     def stopped(self) -> bool:
         return self.ended is not None
 
-    async def run(self) -> AsyncIterator[Progress]:
+    async def run(self) -> AsyncGenerator[Progress, None]:
         """Drive the test, yielding progress; closing this iterator stops the test."""
         task = asyncio.get_running_loop().create_task(self._drive(), name=f"capacity test {self.key}")
         try:

@@ -123,8 +123,9 @@ class CompareService:
                               settings) if link else ""
             comparison, jobs = self._begin(comparison, picked, blind, prompt, settings, session)
             yield Begun(comparison, jobs, query)
-            async for event in self._written(jobs, every_s, over):
-                yield event
+            async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `send` ends the columns
+                async for event in events:
+                    yield event
 
     async def rerun(self, comparison: Comparison | None, turn: int | None, column: int, session: str,
                     every_s: float = 0.0) -> AsyncGenerator[CompareEvent, None]:
@@ -139,8 +140,9 @@ class CompareService:
             entry = comparison.add_rerun(index, column)
             jobs = [self._job(comparison, entry, index, session, time.monotonic())]
             yield Begun(comparison, jobs)
-            async for event in self._written(jobs, every_s, over):
-                yield event
+            async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `send` ends the columns
+                async for event in events:
+                    yield event
 
     def link(self, picked: Sequence[str], blind: bool, prompt: str, settings: Sequence[Mapping[str, Any]]) -> str:
         """The share link's query of this setup: the picked presets, each with its slot's settings."""

@@ -8,6 +8,7 @@ everyone else, but an event can be sent without the page.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -183,16 +184,17 @@ class CapacityTab:
                self.stop_button: gr.Button(interactive=True), self.save: gr.Button(interactive=False)}
         shown = 0
         try:
-            async for progress in run.run():
-                # Stop, with every progress line: the tab's select, answered over another connection,
-                # could land after the first update and disable it (chat/ui/__init__.py).
-                update: dict[Any, Any] = {self.progress: progress.line(), self.stop_button: gr.Button(interactive=True)}
-                if len(run.steps) != shown:
-                    shown = len(run.steps)
-                    report = run.report()
-                    drawn = chart(report)
-                    update.update({self.table: table(report), self.chart: drawn, self.save: gr.Button(interactive=bool(drawn))})
-                yield update
+            async with contextlib.aclosing(run.run()) as progresses:  # closing the tab's turn stops the test
+                async for progress in progresses:
+                    # Stop, with every progress line: the tab's select, answered over another connection,
+                    # could land after the first update and disable it (chat/ui/__init__.py).
+                    update: dict[Any, Any] = {self.progress: progress.line(), self.stop_button: gr.Button(interactive=True)}
+                    if len(run.steps) != shown:
+                        shown = len(run.steps)
+                        report = run.report()
+                        drawn = chart(report)
+                        update.update({self.table: table(report), self.chart: drawn, self.save: gr.Button(interactive=bool(drawn))})
+                    yield update
         except Exception:
             log.exception("The capacity test failed")
             run.stop("stopped: something went wrong on the server (see its log)")

@@ -7,7 +7,7 @@ import html
 import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,8 +180,11 @@ def replies(service: ChatService, logs: ReplyStore) -> Callable[..., AsyncIterat
     ) -> AsyncIterator[list[gr.ChatMessage]]:
         # Gradio passes the request where the signature names it; only parameters before *args count.
         ask = reply_request(message, history, request, preset_name, system_prompt, knob_values)
-        async for messages in reply_messages(service, logs, ask, request):
-            yield messages
+        # Closed with this generator, not whenever the garbage collector gets to it: Gradio closes a
+        # turn waiting between updates (its /cancel), and the reply would go on being written meanwhile.
+        async with contextlib.aclosing(reply_messages(service, logs, ask, request)) as written:
+            async for messages in written:
+                yield messages
 
     name_knob_parameters(respond)
     return respond
@@ -196,7 +199,7 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
 
 
 async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyRequest, request: gr.Request,
-                         early: live.EarlyReply | None = None) -> AsyncIterator[list[gr.ChatMessage]]:
+                         early: live.EarlyReply | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
     """The reply as chat messages, from the pipeline or from the reply the page began (`early`)."""
     async with contextlib.aclosing(live.live_reply(service, logs, ask, is_browser(request), early)) as shown:
         async for event, live_id in shown:
@@ -227,8 +230,9 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
         begun = live_messages(early.live.log.id, "", READING) if early is not None else []
         yield gr.update(value="", interactive=False), [*asked, *begun], *unchanged
         reply: list[gr.ChatMessage] = []
-        async for reply in reply_messages(service, logs, ask, request, early):
-            yield gr.skip(), [*asked, *reply], *unchanged
+        async with contextlib.aclosing(reply_messages(service, logs, ask, request, early)) as written:  # as `respond`
+            async for reply in written:
+                yield gr.skip(), [*asked, *reply], *unchanged
         done = [*asked, *reply]
         # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
         copy = chatbot.preprocess(chatbot.postprocess(done))

@@ -263,8 +263,9 @@ class CompareTab:
                     **self.headings_of(begun.comparison, picked, blind), **self.chats(begun.comparison, begun.jobs),
                     **{button: gr.Button(interactive=False) for button in self.votes}}
 
-        async for update in self.shown(self.drive(board, send, request, first)):
-            yield update
+        async with contextlib.aclosing(self.shown(self.drive(board, send, request, first))) as updates:  # see `shown`
+            async for update in updates:
+                yield update
 
     def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
         async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
@@ -275,13 +276,16 @@ class CompareTab:
                 return {self.status: "", **self.chats(begun.comparison, begun.jobs),
                         **{b: gr.Button(interactive=False) for b in self.votes}}
 
-            async for update in self.shown(self.drive(board, send, request, first)):
-                yield update
+            async with contextlib.aclosing(self.shown(self.drive(board, send, request, first))) as updates:
+                async for update in updates:
+                    yield update
 
         return rerun
 
-    async def shown(self, updates: AsyncGenerator[dict[Any, Any], None]) -> AsyncIterator[dict[Any, Any]]:
-        """The updates, or the sentence that says why the turn was refused or failed."""
+    async def shown(self, updates: AsyncGenerator[dict[Any, Any], None]) -> AsyncGenerator[dict[Any, Any], None]:
+        """The updates, or the sentence that says why the turn was refused or failed. Its callers close it
+        when they are closed (Gradio's /cancel closes a turn between updates): a generator merely dropped
+        is closed whenever the garbage collector gets to it, and its replies are written until then."""
         try:
             async with contextlib.aclosing(updates):  # closing this cancels the replies
                 async for update in updates:

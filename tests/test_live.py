@@ -265,7 +265,6 @@ async def test_closing_a_chat_turn_between_updates_ends_its_reply_at_once(servic
 @pytest.mark.engine
 async def test_closing_a_comparison_between_updates_ends_every_column_at_once(service, engine):
     from chat.compare_service import CompareService, Wrote
-
     from tests.test_compare import CREATIVE, DETERMINISTIC  # two presets, one engine
 
     compare = CompareService(service)

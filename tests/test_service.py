@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 
 import pytest
 
 from chat.errors import InputError, PresetError, SettingsError, Stopped
+from chat.live import ReplyStore
 from chat.service import Failed, Finished, ReplyRequest, Waiting, Writing
 from chat.stats import Finish
 from tests.test_stream import engine_idle
@@ -162,3 +164,51 @@ async def test_an_unexpected_error_is_logged_and_told_in_a_generic_sentence(serv
     assert isinstance(events[-1], Failed)
     assert events[-1].error.message == "Something went wrong on the server while writing this reply; please try again."
     assert "a bug" in caplog.text
+
+
+# Closing a turn between its updates (Gradio's /cancel does, with aclose) ends its reply before the
+# close returns. A generator that was only dropped is closed whenever the garbage collector gets to
+# it, and its reply went on meanwhile: once, in a full run, an abandoned reply ran to its 400-token cap
+# (tests/test_load.py). The front ends' generators are closed here as Gradio closes them.
+LONG = "Write a long story about the sea."
+PROGRAM_KNOBS = (0.7, 0.9, 0, 400, 1.1, -1)  # temperature, top_p, top_k, max_tokens, repetition_penalty, seed
+
+
+async def close_once_writing(updates, writing, engine) -> None:
+    async for update in updates:
+        if writing(update):
+            break
+    assert engine.streams == 1, "the reply is being written"
+    await updates.aclose()
+    assert engine.streams == 0 and engine.num_unfinished() == 0, "the reply ended with its turn's close"
+
+
+@pytest.mark.parametrize("who", ["program", "page"])
+async def test_closing_a_chat_turn_between_updates_ends_its_reply_at_once(service, engine, who):
+    import gradio as gr
+
+    from chat.ui.chat_tab import replies, typed_turn
+
+    request = gr.Request(headers={"x-gradio-user": "api" if who == "program" else "page"}, session_hash=secrets.token_hex(8))
+    if who == "program":  # the /chat API's function (and the ChatInterface's)
+        updates = replies(service, ReplyStore())(LONG, [], request, service.default_preset, "", *PROGRAM_KNOBS)
+        await close_once_writing(updates, lambda messages: any(m.content for m in messages), engine)
+    else:  # the Chat tab's typed turn
+        turn = typed_turn(service, ReplyStore(), gr.Chatbot(), lambda index, chat, saved: (index, saved))
+        updates = turn(LONG, [], request, service.default_preset, "", *PROGRAM_KNOBS, "", None, [])
+        await close_once_writing(updates, lambda update: len(update[1]) > 1, engine)
+
+
+async def test_closing_a_comparison_between_updates_ends_every_column_at_once(service, engine):
+    from chat.compare_service import CompareService, Wrote
+    from tests.test_compare import CREATIVE, DETERMINISTIC  # two presets, one engine
+
+    compare = CompareService(service)
+    settings = [{"max_tokens": 400}, {"max_tokens": 400}]
+    updates = compare.send(None, [CREATIVE, DETERMINISTIC], False, LONG, settings, secrets.token_hex(8))
+    async for event in updates:
+        if isinstance(event, Wrote):
+            break
+    assert engine.streams == 2, "both columns are being written"
+    await updates.aclose()
+    assert engine.streams == 0 and engine.num_unfinished() == 0, "both columns ended with the turn's close"

@@ -87,7 +87,7 @@ def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
 
 def test_the_engine_line_beneath_the_chat_says_how_the_engine_is(page):
     """Kept current by the page's own script (a plain request every 2 s), not by a Gradio timer."""
-    page.wait_for_function("document.querySelector('#engine-status').innerText.startsWith('Engine: Ready · ')")
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.startsWith('Engine: Ready · ')")
     assert "KV cache" in page.locator("#engine-status").inner_text()
 
 

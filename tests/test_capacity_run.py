@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from chat.capacity import make_plan
+from chat.capacity import Metric, make_plan
 from chat.capacity_run import SYNTHETIC_PRIORITY, CapacityLab, Progress
 from chat.errors import InputError
 from chat.presets import load_presets
@@ -74,6 +74,28 @@ async def test_stop_aborts_every_request_of_the_test_at_once(service, engine):
     assert run.ended == "stopped by you" and [s.users for s in run.steps] == [1, 2]
     assert "The step under way when the test stopped is left out." in run.notes
     assert await eventually(lambda: engine.streams == 0 and engine.num_unfinished() == 0, within_s=5)
+
+
+async def test_closing_the_capacity_tabs_turn_stops_its_test_at_once(service, engine):
+    """The tab's Run closed as Gradio's /cancel closes it (a page closed, or its connection lost)."""
+    import gradio as gr
+
+    from chat.admin import Admins
+    from chat.ui.capacity_tab import CapacityTab
+
+    lab = CapacityLab(service)
+    with gr.Blocks(), gr.Tab("Capacity"):
+        tab = CapacityTab(service, lab, Admins(frozenset({"admin"})))
+    request = gr.Request(username="admin", session_hash="capacity-tab")
+    updates = tab.run(request, service.default_preset, None, 4, 3, 32, 400, Metric.FIRST_TOKEN_P95.value, 800)
+    progress = None
+    async for update in updates:
+        progress = update.get(tab.progress, progress)
+        if engine.streams >= 2:
+            break
+    assert engine.streams >= 2, f"the test's users are being answered: {progress}"
+    await updates.aclose()
+    assert lab.running is None and engine.streams == 0 and engine.num_unfinished() == 0, "the test ended with the close"
 
 
 async def first_token_at(service, request) -> float | None:

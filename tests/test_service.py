@@ -212,3 +212,25 @@ async def test_closing_a_comparison_between_updates_ends_every_column_at_once(se
     assert engine.streams == 2, "both columns are being written"
     await updates.aclose()
     assert engine.streams == 0 and engine.num_unfinished() == 0, "both columns ended with the turn's close"
+
+
+@pytest.mark.parametrize("who", ["program", "page"])
+async def test_closing_the_compare_tabs_turn_between_updates_ends_every_column_at_once(service, engine, who):
+    """The tab's own Send (over the service tested above): closed as Gradio's /cancel closes it."""
+    import gradio as gr
+
+    from chat.compare import MAX_COLUMNS
+    from chat.compare_service import CompareService
+    from chat.ui.compare_tab import Board, CompareTab
+    from tests.test_compare import CREATIVE, DETERMINISTIC
+
+    with gr.Blocks() as demo, gr.Tabs() as tabs, gr.Tab("Compare"):
+        tab = CompareTab(CompareService(service), ReplyStore(), demo, tabs)
+    request = gr.Request(headers={"x-gradio-user": "api" if who == "program" else "page"}, session_hash=secrets.token_hex(8))
+    updates = tab.compare(request, Board(), [CREATIVE, DETERMINISTIC], False, LONG, *PROGRAM_KNOBS * MAX_COLUMNS)
+    async for _update in updates:
+        if engine.streams == 2:
+            break
+    assert engine.streams == 2, "both columns are being written"
+    await updates.aclose()
+    assert engine.streams == 0 and engine.num_unfinished() == 0, "both columns ended with the turn's close"

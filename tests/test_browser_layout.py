@@ -114,6 +114,7 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
     if device == "phone":  # settings wait behind a button, and close again
         saved_chats = page.locator("#saved-chats")
         assert saved_chats.evaluate("e => getComputedStyle(e).maxHeight") != "none", "a short list of saved chats"
+        page.locator(CHAT_SETTINGS).wait_for(state="attached")  # drawn, and hidden
         assert not page.locator(CHAT_SETTINGS).is_visible()
         tabs = page.get_by_role("tab").all()
         assert len({round(tab.bounding_box()["y"]) for tab in tabs}) == 1, "the tabs sit on one row"
@@ -123,7 +124,7 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
         page.locator("#knob-max_tokens").scroll_into_view_if_needed()
         assert page.evaluate(PAST_THE_EDGE, "#chat-settings") == [], "every setting within the screen's width"
         assert on_first_screen(page, "#knob-max_tokens input[type=number]")
-    assert page.locator(CHAT_SETTINGS).is_visible()
+    page.locator(CHAT_SETTINGS).wait_for(state="visible")  # on a laptop, beside the chat once drawn
     page.locator("#knob-max_tokens input[type=number]").fill("12")  # a short reply
     page.locator("#knob-max_tokens input[type=number]").press("Tab")
     if device == "phone":

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pages import wait_drawn
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
 pytest_plugins = ["tests.costs"]  # each tier's wall and CPU time, printed after the run
@@ -452,14 +454,7 @@ def page(browser, app_server, request):
     page = context.new_page()
     page.set_default_timeout(30_000)
     page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
-    # Gradio loads each component's code on its own, so under load the message box can be drawn
-    # before the conversation (a CI run's test found no #chatbot after the box and the parser).
-    page.wait_for_selector("#chatbot")
-    # The live text's Markdown parser loaded (Gradio adds the page's head late, so it may come after
-    # the message box), as it has by the time a person has typed: until then a reply's text shows
-    # only with Gradio's redraws, once a second, and a short reply would not be seen growing.
-    page.wait_for_function("window.chatLive?.render('x') != null")
+    wait_drawn(page)
     yield page
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)

@@ -12,6 +12,7 @@ import pytest
 from chat.stats import REPLIED, SUMMARY
 from chat.ui.messages import NO_TEXT_YET
 from tests.conftest import OUTPUT, ROOT
+from tests.pages import wait_drawn
 
 pytestmark = pytest.mark.browser
 
@@ -104,9 +105,10 @@ def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_se
     assert "tokens" in title
     body = app_server.wait_idle()
     assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
-    # The conversation goes on after a stop.
+    # The conversation goes on after a stop (the stopped reply's line says "replied" too: the second's is read).
     send(page, "Say hi.")
-    watch_reply(page, REPLIED)
+    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2"
+                           f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})", timeout=90_000)
 
 
 def titles(page) -> list[str]:
@@ -164,7 +166,7 @@ def test_history_survives_a_reload_with_its_stats(page):
         timeout=15_000,
     )
     page.reload()
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     page.wait_for_selector(REPLY_TITLE, timeout=60_000)  # back in the conversation, with no click
     assert titles(page)[-1] == title
     assert "Say something about owls." in page.locator("#chatbot").inner_text()
@@ -177,7 +179,7 @@ def test_history_survives_a_reload_with_its_stats(page):
     page.locator("#new-chat").click()  # a new chat is what a reload then shows
     page.wait_for_function("!document.querySelector('#chatbot').innerText.includes('owls')")
     page.reload()
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     page.get_by_text("Say something about owls.").first.wait_for()  # in the saved chats list
     assert "owls" not in page.locator("#chatbot").inner_text()
     page.get_by_text("Say something about owls.").first.click()
@@ -214,7 +216,7 @@ def test_a_message_sent_the_moment_the_box_opens_again_is_sent(page):
     then dropped, as it still waited for the turn's end: the text sat in the box, unsent.)"""
     page.add_init_script(LATE_TURN_ENDS)
     page.reload()
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     send(page, "Say hi.", max_tokens=SHORT)
     page.wait_for_function("document.querySelector('#message textarea').disabled")
     page.evaluate("""() => {
@@ -237,7 +239,7 @@ def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     page = context.new_page()
     page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     send(page, "Hi!")
     watch_reply(page, REPLIED)
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1")
@@ -268,7 +270,7 @@ def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=theme)
     page = context.new_page()
     page.goto(f"{app_server.url}?__theme={theme}")
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     send(page, "Say hello in French.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     assert contrast(page, REPLY_TEXT + " .message-content") >= 4.5
@@ -296,7 +298,7 @@ def test_closing_the_tab_aborts_its_reply(browser, app_server):
     context = browser.new_context()
     page = context.new_page()
     page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     send(page, "Tell me a very long story about the ocean.")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(is_text(t) for t in page.locator(REPLY_TEXT).all_inner_texts()):

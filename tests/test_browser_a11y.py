@@ -13,6 +13,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from chat.stats import REPLIED
 from chat.ui.messages import WAITING
+from tests.pages import open_tab, wait_drawn
 from tests.test_browser import COMPARE_TITLE, REPLY_TEXT, REPLY_TITLE
 from tests.test_browser_layout import PAST_THE_EDGE
 
@@ -54,7 +55,7 @@ def new_page(browser, app_server, device: str = "laptop"):
     page = context.new_page()
     page.set_default_timeout(30_000)
     page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     return context, page
 
 
@@ -63,16 +64,6 @@ def tab_names(page) -> list[str]:
     more = page.get_by_role("button", name="More tabs")
     hidden = page.locator(".overflow-dropdown button").all_inner_texts() if more.count() else []
     return page.get_by_role("tab").all_inner_texts() + hidden
-
-
-def open_tab(page, name: str) -> None:
-    tab = page.get_by_role("tab", name=name)
-    if tab.count() and tab.is_visible():
-        tab.click()
-    else:
-        page.get_by_role("button", name="More tabs").click()
-        page.locator(".overflow-dropdown button", has_text=name).click()
-    page.wait_for_timeout(1000)  # the tab's contents render on first opening
 
 
 def focused(page) -> str:

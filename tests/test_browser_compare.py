@@ -57,7 +57,7 @@ def heading(page, column: int) -> str:
 def set_number(page, selector: str, value: str) -> None:
     """Type into a slider's number box once it shows its value (the accordion renders it on opening)."""
     box = page.locator(selector)
-    page.wait_for_function(f"document.querySelector({selector!r})?.value !== ''")
+    page.wait_for_function(f"(document.querySelector({selector!r})?.value ?? '') !== ''")
     for _ in range(5):
         box.fill(value)
         box.press("Tab")
@@ -88,6 +88,7 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     page.get_by_role("tab", name="Compare").click()
     page.locator("#compare-prompt textarea").wait_for()
     presets = page.locator("#compare-presets")
+    page.locator("#compare-heading-1").wait_for(state="visible")  # drawn, so that "hidden" below is the pick's answer
     presets.get_by_label(DETERMINISTIC).uncheck()
     page.locator("#compare-heading-1").wait_for(state="hidden")
     presets.get_by_label(DETERMINISTIC).check()
@@ -113,11 +114,12 @@ def test_blind_comparison_streams_votes_reveals_summarises_and_exports(open_page
     stats_box = page.locator(COMPARE_TITLE.format(0)).last.bounding_box()
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
     assert (heading(page, 0), heading(page, 1)) == ("A", "B"), "names stay hidden until the vote"
+
+    # The buttons come with Gradio's last redraw of the turn, which may follow the live text's last
+    # line; the summary comes with them.
+    page.locator("#compare-vote-0").wait_for(state="visible", timeout=60_000)
     summary = page.locator("#compare-summary").inner_text()
     assert "SmolLM2" not in summary and not re.search(r"\d+\.\d", summary), summary
-
-    # The buttons come with Gradio's last redraw of the turn, which may follow the live text's last line.
-    page.locator("#compare-vote-0").wait_for(state="visible", timeout=60_000)
     votes = page.locator("[id^=compare-vote-]:visible")
     assert votes.all_inner_texts() == ["A is better", "B is better", "Tie", "Both bad"]
     page.locator("#compare-vote-0").click()

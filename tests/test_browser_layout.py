@@ -9,6 +9,7 @@ import pytest
 
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, ROOT
+from tests.pages import open_tab, wait_drawn
 from tests.test_browser import REPLY_TITLE, send, watch_reply
 
 pytestmark = pytest.mark.browser
@@ -89,15 +90,6 @@ def on_first_screen(page, selector: str) -> bool:
     return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= size["height"] and box["x"] + box["width"] <= size["width"]
 
 
-def open_tab(page, name: str) -> None:
-    """Click a tab, from Gradio's overflow menu if the tab row has no room for it."""
-    tab = page.get_by_role("tab", name=name)
-    if not tab.is_visible():
-        page.locator(".overflow-menu button, button.overflow-menu").first.click()
-        tab = page.locator(".overflow-dropdown button, .overflow-item-selected, [role=menu] button").filter(has_text=name).first
-    tab.click()
-
-
 @pytest.mark.parametrize("device", list(WIDTHS))
 def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, app_server, device):
     width, height = WIDTHS[device]
@@ -106,7 +98,7 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, a
     page = context.new_page()
     page.set_default_timeout(30_000)
     page.goto(app_server.url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
 
     assert covered_by(page, "#message textarea") == "itself"
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1"), "no sideways scrolling"
@@ -189,5 +181,5 @@ def test_the_title_shows_before_the_scripts_run_where_gradio_will_draw_it(browse
     assert abs(after["y"] - before["y"]) <= 1 and abs(after["h"] - before["h"]) <= 1, (before, after)
     assert abs(after["x"] - before["x"]) <= 10, (before, after)
     # marked, the reply renderer's parser, comes as a script of its own, kept by the browser.
-    assert page.evaluate("() => typeof window.marked?.Marked") == "function"
+    page.wait_for_function("() => typeof window.marked?.Marked === 'function'")  # it may load after the page is drawn
     context.close()

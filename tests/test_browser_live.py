@@ -207,7 +207,7 @@ def test_compare_columns_stream_formatted_text_too(page):
     page.locator("#compare-send").click()
     for column in (0, 1):  # each column's line beneath its reply is no longer "⏳ Writing…"
         page.wait_for_function(
-            f"[...document.querySelectorAll({COMPARE_TITLE.format(column)!r})].some(t => !t.innerText.startsWith('⏳'))",
+            f"[...document.querySelectorAll({COMPARE_TITLE.format(column)!r})].some(t => t.innerText.trim() && !t.innerText.startsWith('⏳'))",
             timeout=180_000)
     samples = page.evaluate(SAMPLES)
     check_samples(samples)

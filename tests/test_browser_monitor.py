@@ -31,7 +31,8 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
 
         page.get_by_role("tab", name="Monitor").click()
         charts = page.locator("#monitor-charts")
-        charts.locator("svg").first.wait_for()
+        # Each chart is drawn on its own (Vega, one after another): wait for all of them.
+        page.wait_for_function("(n) => document.querySelectorAll('#monitor-charts svg.marks').length === n", arg=len(CHARTS))
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUTPUT / "monitor.png"), full_page=True)
 
@@ -53,8 +54,9 @@ def test_the_monitor_draws_words_and_local_clock_times_after_a_reply(browser, ap
 
         # On a phone: a chart a row, drawn again at the screen's width; no text under 11 px, no title cut.
         page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_function("""() => [...document.querySelectorAll('#monitor-charts svg.marks')]
-            .every((svg) => svg.getBoundingClientRect().width > 250 && svg.getBoundingClientRect().right <= innerWidth)""")
+        page.wait_for_function("""(n) => [...document.querySelectorAll('#monitor-charts svg.marks')]
+            .filter((svg) => svg.getBoundingClientRect().width > 250 && svg.getBoundingClientRect().right <= innerWidth)
+            .length === n""", arg=len(CHARTS))
         assert page.evaluate(UNREADABLE_CHART_TEXT, "#monitor-charts") == [], "the charts' text on a phone"
         titles = [page.locator(f"#monitor-{chart.field}").get_by_text(chart.title) for chart in CHARTS]
         assert page.evaluate(CUT_TEXT, ["#monitor-charts", "[data-testid='block-info'], .chart-legend li"]) == []

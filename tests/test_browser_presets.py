@@ -13,6 +13,7 @@ import pytest
 
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, RunningApp, app_for, app_recipe, launch_app, small_preset, stop_app
+from tests.pages import wait_drawn
 from tests.test_browser import REPLY_TEXT, is_text, send, watch_reply
 
 pytestmark = pytest.mark.browser
@@ -41,7 +42,7 @@ def open_page(browser, url):
     page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
     page.set_default_timeout(30_000)
     page.goto(url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     return page
 
 
@@ -62,7 +63,7 @@ def test_one_page_switches_preset_while_another_streams(browser, two_engine_app)
     switcher.locator("#preset input").click()
     switcher.get_by_role("option", name="Terse").click()
     switcher.wait_for_function(
-        "document.querySelector('#preset-card').innerText.includes('Short, exact replies.')"
+        "document.querySelector('#preset-card')?.innerText.includes('Short, exact replies.')"
     )
     assert switcher.locator("#system-prompt textarea").input_value() == "Answer in one short sentence."
     assert switcher.locator("#knob-max_tokens input[type=number]").input_value() == "24"

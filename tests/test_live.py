@@ -19,6 +19,7 @@ from chat.live import LiveText, ReplyLog, ReplyStore, claim, same_turn
 from chat.service import Finished, ReplyRequest, Writing
 from chat.stats import REPLIED, Finish
 from tests.conftest import early_replies, eventually
+from tests.pages import wait_drawn
 from tests.test_api import IDLE, events_of, idle, next_error
 from tests.test_browser import REPLY_TITLE, send, watch_reply
 from tests.test_stream import engine_idle
@@ -190,7 +191,7 @@ async def test_junk_in_a_begun_turn_gets_a_sentence_and_the_socket_keeps_serving
 
 
 def ready_page(page) -> None:
-    page.wait_for_function("window.chatLive.connected()")
+    page.wait_for_function("window.chatLive?.connected()")  # after a reload, the head's script may come later
 
 
 @pytest.mark.browser
@@ -217,7 +218,7 @@ def test_a_reply_begun_for_other_inputs_is_dropped_and_the_turn_writes_its_own(p
       };
     })()""")
     page.reload()
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     ready_page(page)
     other_inputs = early_replies(app_server, "other_inputs")
     send(page, "Say hi.", max_tokens=24)

@@ -47,6 +47,7 @@ from tests.conftest import (
     still_running,
     stop_app,
 )
+from tests.pages import wait_drawn
 from tests.test_browser import send, watch_reply
 
 A, B, C = "Tiny A", "Tiny B", "Tiny C"
@@ -361,7 +362,7 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
     page = context.new_page()
     page.set_default_timeout(60_000)
     page.goto(workers_app.url)
-    page.wait_for_selector("#message textarea")
+    wait_drawn(page)
     cookie = {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE)
     secret, ports = front_door(workers_app)
     assert cookie in {worker_cookie(secret, p) for p in ports}, "the front door gives the page its worker's cookie"
@@ -418,6 +419,7 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
     presets = page.locator("#compare-presets")
     # Each pick waits for the tab's answer: the page drops a second pick sent while the first is on
     # its way, and that answer (one picked) would then untick C again.
+    page.locator("#compare-heading-1").wait_for(state="visible")  # drawn, so that "hidden" below is the pick's answer
     presets.get_by_label(A, exact=True).uncheck()
     page.locator("#compare-heading-1").wait_for(state="hidden")
     presets.get_by_label(C, exact=True).check()

@@ -174,13 +174,20 @@ LONG = "Write a long story about the sea."
 PROGRAM_KNOBS = (0.7, 0.9, 0, 400, 1.1, -1)  # temperature, top_p, top_k, max_tokens, repetition_penalty, seed
 
 
-async def close_once_writing(updates, writing, engine) -> None:
+async def close_once_writing(updates, writing, engine, streams: int = 1) -> None:
+    """Read `updates` until `writing(update)`, with `streams` replies being written, then close them."""
     async for update in updates:
         if writing(update):
             break
-    assert engine.streams == 1, "the reply is being written"
+    assert engine.streams == streams, "the replies are being written"
     await updates.aclose()
-    assert engine.streams == 0 and engine.num_unfinished() == 0, "the reply ended with its turn's close"
+    assert engine.streams == 0 and engine.num_unfinished() == 0, "the replies ended with their turn's close"
+
+
+def request_from(who: str):
+    import gradio as gr
+
+    return gr.Request(headers={"x-gradio-user": "api" if who == "program" else "page"}, session_hash=secrets.token_hex(8))
 
 
 @pytest.mark.parametrize("who", ["program", "page"])
@@ -189,7 +196,7 @@ async def test_closing_a_chat_turn_between_updates_ends_its_reply_at_once(servic
 
     from chat.ui.chat_tab import replies, typed_turn
 
-    request = gr.Request(headers={"x-gradio-user": "api" if who == "program" else "page"}, session_hash=secrets.token_hex(8))
+    request = request_from(who)
     if who == "program":  # the /chat API's function (and the ChatInterface's)
         updates = replies(service, ReplyStore())(LONG, [], request, service.default_preset, "", *PROGRAM_KNOBS)
         await close_once_writing(updates, lambda messages: any(m.content for m in messages), engine)
@@ -206,12 +213,7 @@ async def test_closing_a_comparison_between_updates_ends_every_column_at_once(se
     compare = CompareService(service)
     settings = [{"max_tokens": 400}, {"max_tokens": 400}]
     updates = compare.send(None, [CREATIVE, DETERMINISTIC], False, LONG, settings, secrets.token_hex(8))
-    async for event in updates:
-        if isinstance(event, Wrote):
-            break
-    assert engine.streams == 2, "both columns are being written"
-    await updates.aclose()
-    assert engine.streams == 0 and engine.num_unfinished() == 0, "both columns ended with the turn's close"
+    await close_once_writing(updates, lambda event: isinstance(event, Wrote), engine, streams=2)
 
 
 @pytest.mark.parametrize("who", ["program", "page"])
@@ -226,11 +228,5 @@ async def test_closing_the_compare_tabs_turn_between_updates_ends_every_column_a
 
     with gr.Blocks() as demo, gr.Tabs() as tabs, gr.Tab("Compare"):
         tab = CompareTab(CompareService(service), ReplyStore(), demo, tabs)
-    request = gr.Request(headers={"x-gradio-user": "api" if who == "program" else "page"}, session_hash=secrets.token_hex(8))
-    updates = tab.compare(request, Board(), [CREATIVE, DETERMINISTIC], False, LONG, *PROGRAM_KNOBS * MAX_COLUMNS)
-    async for _update in updates:
-        if engine.streams == 2:
-            break
-    assert engine.streams == 2, "both columns are being written"
-    await updates.aclose()
-    assert engine.streams == 0 and engine.num_unfinished() == 0, "both columns ended with the turn's close"
+    updates = tab.compare(request_from(who), Board(), [CREATIVE, DETERMINISTIC], False, LONG, *PROGRAM_KNOBS * MAX_COLUMNS)
+    await close_once_writing(updates, lambda _: engine.streams == 2, engine, streams=2)

@@ -148,10 +148,14 @@ class RunningApp:
         """Wait until no request is running or tracked in any engine; return the last health."""
         deadline = time.monotonic() + timeout
         while True:
-            _, body = self.health()
-            busy = [e for e in body.get("engines", []) if e["running"] or e["waiting"] or e["unfinished"] or e["streams"]]
+            try:
+                _, body = self.health()
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                body = None  # a busy machine answered late: ask again
+            busy = body is None or [e for e in body.get("engines", [])
+                                    if e["running"] or e["waiting"] or e["unfinished"] or e["streams"]]
             if not busy or time.monotonic() > deadline:
-                return body
+                return body or {}
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 40) -> str:

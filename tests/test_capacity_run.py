@@ -70,10 +70,10 @@ async def test_stop_aborts_every_request_of_the_test_at_once(service, engine):
     assert await eventually(lambda: run.progress.users == 4 and engine.streams >= 3, within_s=30), run.progress
     assert lab.banner().startswith("A capacity test is running on SmolLM2 135M (CPU): replies may be slower for")
     run.stop()
-    await asyncio.wait_for(driving, timeout=10)
+    await asyncio.wait_for(driving, timeout=60)
     assert run.ended == "stopped by you" and [s.users for s in run.steps] == [1, 2]
     assert "The step under way when the test stopped is left out." in run.notes
-    assert await eventually(lambda: engine.streams == 0 and engine.num_unfinished() == 0, within_s=5)
+    assert await eventually(lambda: engine.streams == 0 and engine.num_unfinished() == 0, within_s=30)
 
 
 async def test_closing_the_capacity_tabs_turn_stops_its_test_at_once(service, engine):

@@ -213,7 +213,7 @@ async def test_closing_a_comparison_between_updates_ends_every_column_at_once(se
     compare = CompareService(service)
     settings = [{"max_tokens": 400}, {"max_tokens": 400}]
     updates = compare.send(None, [CREATIVE, DETERMINISTIC], False, LONG, settings, secrets.token_hex(8))
-    await close_once_writing(updates, lambda event: isinstance(event, Wrote), engine, streams=2)
+    await close_once_writing(updates, lambda event: isinstance(event, Wrote) and engine.streams == 2, engine, streams=2)
 
 
 @pytest.mark.parametrize("who", ["program", "page"])

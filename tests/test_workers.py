@@ -302,7 +302,7 @@ def test_a_stranger_cannot_pass_as_this_machine_through_a_smuggled_connection(wo
         extra = b"Connection: keep-alive, noupgrade\r\nUpgrade: x\r\nX-Forwarded-For: 127.0.0.1\r\n" if hostile else b""
         head = (b"POST /gradio_api/call/capacity_stop HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 + extra + b"Content-Length: %d\r\n\r\n" % len(call) + call)
-        answer = raw(host, port, head, read_s=3, one_answer=True)
+        answer = raw(host, port, head, read_s=30, one_answer=True)
         event = re.search(rb'"event_id":\s*"(\w+)"', answer)[1].decode()
         follow = (b"GET /gradio_api/call/capacity_stop/%s HTTP/1.1\r\nHost: x\r\n" % event.encode() + extra
                   + b"Connection: close\r\n\r\n")

@@ -140,7 +140,7 @@ class CompareService:
             entry = comparison.add_rerun(index, column)
             jobs = [self._job(comparison, entry, index, session, time.monotonic())]
             yield Begun(comparison, jobs)
-            async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `send` ends the columns
+            async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `rerun` ends the columns
                 async for event in events:
                     yield event
 

@@ -67,6 +67,12 @@ def watch_reply(page, until: str, within_s: float = 90) -> tuple[list[str], str]
     raise AssertionError(f"no reply title containing {until!r} within {within_s} s; texts seen: {seen[-3:]}")
 
 
+def watch_second_reply(page) -> None:
+    """Wait until the second reply's stats line says it replied (the first's may say so too: a stopped one's does)."""
+    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2"
+                           f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})", timeout=90_000)
+
+
 def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
     send(page, "Write a short poem about the moon.")
     seen, title = watch_reply(page, REPLIED)
@@ -105,10 +111,8 @@ def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_se
     assert "tokens" in title
     body = app_server.wait_idle()
     assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
-    # The conversation goes on after a stop (the stopped reply's line says "replied" too: the second's is read).
-    send(page, "Say hi.")
-    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2"
-                           f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})", timeout=90_000)
+    send(page, "Say hi.")  # the conversation goes on after a stop
+    watch_second_reply(page)
 
 
 def titles(page) -> list[str]:

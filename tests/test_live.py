@@ -21,7 +21,7 @@ from chat.stats import REPLIED, Finish
 from tests.conftest import early_replies, eventually
 from tests.pages import wait_drawn
 from tests.test_api import IDLE, events_of, idle, next_error
-from tests.test_browser import REPLY_TITLE, send, watch_reply
+from tests.test_browser import send, watch_reply, watch_second_reply
 from tests.test_stream import engine_idle
 
 
@@ -201,8 +201,7 @@ def test_a_typed_message_starts_its_reply_before_gradio_runs_the_turn(page, app_
     send(page, "Say hi.", max_tokens=24)
     watch_reply(page, REPLIED)
     send(page, "And again.")  # with the first turn in the chat, as the page holds it
-    page.wait_for_function(f"document.querySelectorAll({REPLY_TITLE!r}).length === 2"
-                           f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})")
+    watch_second_reply(page)
     after = {outcome: early_replies(app_server, outcome) for outcome in before}
     assert after == {**before, "claimed": before["claimed"] + 2}
     app_server.wait_idle()

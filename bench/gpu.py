@@ -1,7 +1,7 @@
 """The app against the raw engine on one GPU, with a Llama-3-8B-shaped model of random weights.
 
 Runs on the GPU host after /work/shared/gpu/stage.sh's tarball is unpacked into /tmp/site
-(README "Benchmark"); the weights are made on the GPU by vLLM (load_format: dummy), so replies are
+(docs/benchmarks.md); the weights are made on the GPU by vLLM (load_format: dummy), so replies are
 gibberish and only the timings mean anything. In one call, within --deadline seconds:
 
   1. writes the model's config (Llama-3-8B geometry, SmolLM2's tokenizer) and a preset for it;
@@ -243,8 +243,8 @@ class Measurements:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
 
         On 2026-12-03 the first 256-stream round after a start was 0.76-0.92x of the next, on the
-        raw side too, although the level's 8-token warm-up had run first (README, "Several UI
-        workers, on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
+        raw side too, although the level's 8-token warm-up had run first (docs/benchmarks.md, "Several
+        UI workers on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
         compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
         has not been measured on a GPU."""
         top = max(int(x) for x in self.args.levels.split(","))

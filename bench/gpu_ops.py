@@ -1,7 +1,7 @@
 """Two presets that do not fit on one GPU together, switched with sleep mode; then an engine killed
 mid-reply. Issue 16's one-GPU measurements, through the real app.py on the GPU host.
 
-Runs after /work/shared/gpu/stage.sh's tarball is unpacked into /tmp/site (README "Benchmark"). Both
+Runs after /work/shared/gpu/stage.sh's tarball is unpacked into /tmp/site (docs/benchmarks.md). Both
 presets use the Llama-3-8B geometry with random weights (load_format: dummy) and SmolLM2's tokenizer,
 each asking for 60% of the GPU (gpu_memory_utilization 0.6, so the app's memory budget of 1.0 holds
 one at a time) with `enable_sleep_mode: true`. In one call:

@@ -1,4 +1,4 @@
-"""Which modules of chat/ one message passes, traced in the real app (README "One message, from the
+"""Which modules of chat/ one message passes, traced in the real app (docs/architecture.md "One message, from the
 browser to the engine and back").
 
     .venv/bin/python -m bench.message_path            # the embedded model; a minute or two

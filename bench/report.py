@@ -1,4 +1,4 @@
-"""Markdown tables from result files, for the README.
+"""Markdown tables from result files, for docs/benchmarks.md.
 
     .venv/bin/python -m bench.report bench/results/cpu-main.json
     .venv/bin/python -m bench.report bench/results/gpu-1/gpu-*.json bench/results/gpu-2/gpu-*.json

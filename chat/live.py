@@ -15,7 +15,7 @@ comparison, each giving back only the redraws that are due, with the logs' ids).
 (the box each redraw starts a reply with, live.js, its Markdown parser) is chat/ui/live_script.py.
 
 A typed message used to reach the engine only after Gradio's protocol had run: the turn's join
-request, the queue (8-11 ms of one stream's first token on the H200, README "Several UI workers")
+request, the queue (8-11 ms of one stream's first token on the H200, docs/benchmarks.md "One stream's first token")
 and the turn's first redraw. So when a visitor sends a message, the page's script also sends the
 turn's inputs over /chat ("begin", with the id of a live log it picked); the reply starts at once
 (`begin`) and writes its text into that log. When Gradio runs the turn, the turn takes the reply

@@ -1,7 +1,7 @@
 """Several UI processes on the app's engines, behind one port: `python app.py --ui-workers N`.
 
 Gradio runs every event of a process on one event loop, and at a few hundred simultaneous readers
-that loop, not the engine, sets the pace (README, "Front-end capacity"). vLLM's own server scales
+that loop, not the engine, sets the pace (docs/benchmarks.md, "Front-end capacity"). vLLM's own server scales
 out the same way (`vllm serve --api-server-count`): each engine core starts once and every front-end
 process holds a client of it. The supervisor runs three things:
 

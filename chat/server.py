@@ -107,13 +107,15 @@ def end_starting_engines(registry: EngineRegistry) -> None:
     `registry.closing` is set (by the stop, or by `close_all`), so that no new start begins."""
     import psutil
 
+    from chat.engine_vllm import is_vllm_process
+
     deadline = time.monotonic() + END_STARTS_WITHIN_S
     told = False
     while registry.building and time.monotonic() < deadline:
         doomed: list[psutil.Process] = []
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if child.name().startswith("VLLM::") and child not in doomed:
+                if is_vllm_process(child.name()) and child not in doomed:
                     freeze(child, doomed)
         if doomed and not told:
             names = ", ".join(repr(engine.preset.name) for engine in list(registry.building.values()))
@@ -216,6 +218,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.auth import Login
     from chat.capacity_run import CapacityLab
     from chat.engine_core import on_cpu
+    from chat.engine_vllm import UntestedVllm, check_version
     from chat.errors import ChatError, PresetError
     from chat.live import ReplyStore
     from chat.monitor import Monitor
@@ -227,6 +230,11 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.ui.gradio_internals import UntestedGradio, login_token
     from chat.votes import VoteStore
 
+    if worker is None:  # a UI worker's supervisor checked it
+        try:
+            check_version(args.allow_untested_vllm)
+        except UntestedVllm as exc:
+            raise Refused(str(exc)) from exc
     try:
         login = Login.parse(args.auth, signed_in_on_page=lambda connection: login_token(connection) is not None)
         admins = Admins.parse(args.admins, local=args.admin_local, login=login)

@@ -76,6 +76,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("verbose", ("CHAT_VERBOSE",), False,
             "Also print vLLM's own progress lines (about a hundred at each engine start); by default the console "
             "shows its warnings and errors only.", bool),
+    Setting("allow_untested_vllm", ("CHAT_ALLOW_UNTESTED_VLLM",), False,
+            "Start on a vLLM this app has not run on (chat/engine_vllm.py lists those it has), with one warning. "
+            "Off by default: such a vLLM stops the app at start with one sentence naming the tested ones.", bool),
     Setting("list_presets", (), False, "Print the presets and exit.", bool),
     Setting("check_presets", (), False,
             "Validate every preset file, print each problem, exit non-zero when any is invalid.", bool),

@@ -268,11 +268,17 @@ def _more_open_files() -> None:
 
 def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> int:
     """Serve every preset with `count` UI workers behind Caddy; the exit status."""
+    from chat.engine_vllm import UntestedVllm, check_version
     from chat.server import end_children
 
     caddy = caddy_binary()
     if caddy is None:
         print(MISSING, file=sys.stderr)
+        return 2
+    try:
+        check_version(args.allow_untested_vllm)  # here once: the UI workers do not check again
+    except UntestedVllm as exc:
+        print(exc, file=sys.stderr)
         return 2
     try:
         catalog.get(args.preset)

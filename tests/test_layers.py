@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.unit
 
 ROOTS = {"chat.server", "chat.supervisor"}  # a process's top: a UI worker, the app with several
-ENGINE = {"chat.engine", "chat.engine_core", "chat.engine_load", "chat.engine_args"}
+ENGINE = {"chat.engine", "chat.engine_core", "chat.engine_load", "chat.engine_args", "chat.engine_vllm"}
 # What the engine layer may use besides itself: data and checks that know nothing of serving.
 BENEATH_ENGINE = {"chat", "chat.errors", "chat.presets", "chat.models", "chat.sampling", "chat.cpu"}
 
@@ -71,6 +71,11 @@ def test_vllm_is_spoken_by_the_engine_layer_only_and_it_uses_nothing_above_it():
     above = {m: sorted(n for n in names if under(n, "chat") and n != "chat" and not any(under(n, a) for a in allowed))
              for m, names in found.items() if m in ENGINE}
     assert not {m: n for m, n in above.items() if n}, above
+
+
+def test_the_compare_api_does_not_import_the_compare_tab():
+    """The tab is made only in pages that open it (chat/ui/lazy.py); the API is made with every page."""
+    assert not any(under(n, "chat.ui.compare_tab") for n in imports()["chat.ui.compare_api"])
 
 
 def test_the_rules_read_imports_inside_functions_and_from_a_package():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -19,7 +20,6 @@ from chat import ballot
 from chat.compare import Comparison
 from chat.compare_service import Begun, Busy, CompareService, Ended, Job, Redraw
 from chat.errors import ChatError
-from chat.ui.compare_tab import Board
 from chat.ui.compare_view import column_messages
 from chat.ui.messages import PROBLEM
 from chat.voters import Voter
@@ -50,13 +50,20 @@ def view(comparison: Comparison | None, jobs: Sequence[Job] = (), status: str = 
     }
 
 
+@dataclass
+class ProgramBoard:
+    """One program session's comparison (the tab's `Board` also keeps a page's exports; programs get none)."""
+
+    comparison: Comparison | None = None
+
+
 class CompareApi:
     def __init__(self, comparisons: CompareService, store: VoteStore | None, max_sessions: int = MAX_SESSIONS) -> None:
         self.comparisons, self.store, self.max_sessions = comparisons, store, max_sessions
-        self.boards: OrderedDict[str, Board] = OrderedDict()
+        self.boards: OrderedDict[str, ProgramBoard] = OrderedDict()
 
-    def board(self, session: str) -> Board:
-        board = self.boards.pop(session, None) or Board()
+    def board(self, session: str) -> ProgramBoard:
+        board = self.boards.pop(session, None) or ProgramBoard()
         self.boards[session] = board  # the most recently used last; the oldest are forgotten
         idle = [name for name in self.boards if name not in self.comparisons.writing]  # not one being written
         for name in idle[:max(0, len(self.boards) - self.max_sessions)]:

@@ -49,6 +49,17 @@ class NotSimulated(AttributeError):
     """The app used a part of vLLM's engine core that the token source does not provide."""
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A scripted reply: to a prompt whose latest cue is `cue` (or to any prompt, with cue ""), the
+    source writes `text`, then the end of sequence ("finished"), or stops at Max tokens first. An
+    `endless` reply, or a request that ignores the end of sequence, gets `text` again until Max tokens."""
+
+    cue: str
+    text: str
+    endless: bool = False
+
+
 @dataclass
 class SourceRecord:
     """One request as the source saw it (monotonic seconds, the machine's clock)."""
@@ -63,6 +74,8 @@ class SourceRecord:
     tokens: int = 0
     lag_sum: float = 0.0  # sum over its steps of (taken - step end): how far behind the loop was
     finish: str = "length"
+    script: tuple[int, ...] = ()  # a scripted reply's tokens (empty: the story, from an offset, to Max tokens)
+    endless: bool = False  # the script again and again, to Max tokens
 
     @property
     def lag_mean(self) -> float:
@@ -73,8 +86,13 @@ class TokenSource:
     """What `AsyncLLM` holds as `engine_core`: requests in, one `EngineCoreOutputs` per step out."""
 
     def __init__(self, vllm_config: Any, tokenizer: Any, step_s: float = 0.025,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, replies: tuple[Reply, ...] = ()) -> None:
         self.step_s = step_s
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        # Each scripted reply's tokens, encoded once (the detokenizer turns them back into its text).
+        self.replies = [(reply, tuple(tokenizer.encode(reply.text, add_special_tokens=False))) for reply in replies]
+        self._idle_report = False  # a step is owed that reports nothing running (after an abort)
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         self.engine_ranks_managed = [0]  # read by AsyncLLM's stat-logger setup
         self.resources = _Resources()  # AsyncLLM.errored reads resources.engine_dead
@@ -95,8 +113,10 @@ class TokenSource:
 
     async def add_request_async(self, request: Any) -> None:
         params = request.sampling_params
+        script, endless = self._script(request.prompt_token_ids or (), params)
         record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
-                              (params.max_tokens if params is not None else None) or 16, time.monotonic())
+                              (params.max_tokens if params is not None else None) or 16, time.monotonic(),
+                              script=script, endless=endless)
         self._waiting.append(record)
         self._arrived.set()
 
@@ -110,6 +130,10 @@ class TokenSource:
             if record is not None:
                 record.finish = "abort"
                 self._write(record)
+        # vLLM's scheduler runs one more step after an abort, whose report says what still runs; with
+        # nothing else running, the app would otherwise keep counting the aborted request as running.
+        self._idle_report = True
+        self._arrived.set()
 
     async def get_output_async(self) -> Any:
         """The next step's outputs, at the moment that step ends on the engine's timeline."""
@@ -143,16 +167,35 @@ class TokenSource:
         log.error("%s\n%s", message, "".join(traceback.format_stack(limit=8)))
         raise NotSimulated(message)
 
+    def _script(self, prompt_token_ids: Any, params: Any) -> tuple[tuple[int, ...], bool]:
+        """The tokens of the reply whose cue comes latest in the prompt (the last user message's, as a
+        rule), or the catch-all reply's, and whether it is endless; none without scripted replies."""
+        if not self.replies:
+            return (), False
+        prompt = self.tokenizer.decode(list(prompt_token_ids))
+        chosen, latest = None, -2
+        for reply, tokens in self.replies:
+            at = prompt.rfind(reply.cue) if reply.cue else -1
+            if (at >= 0 or not reply.cue) and at > latest:
+                chosen, latest = (reply, tokens), at
+        if chosen is None:
+            return (), False
+        reply, tokens = chosen
+        return tokens, reply.endless or bool(params is not None and params.ignore_eos)
+
     # --- the engine's schedule -----------------------------------------------------------------
 
     async def _step_start(self) -> float:
         """When the next step starts: right after the last one while busy; when idle, at the next
         request's arrival (a real engine starts a step as soon as it has work)."""
         while not self._running:
-            if not self._waiting:
-                self._arrived.clear()
-                await self._arrived.wait()
-            return max(self._clock, self._waiting[0].added)
+            if self._waiting:
+                return max(self._clock, self._waiting[0].added)
+            if self._idle_report:
+                self._idle_report = False
+                return max(self._clock, time.monotonic())
+            self._arrived.clear()
+            await self._arrived.wait()
         return self._clock
 
     def _admit(self, start: float) -> list[SourceRecord]:
@@ -168,7 +211,13 @@ class TokenSource:
         from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
         from vllm.v1.metrics.stats import PrefillStats
 
-        token = self.tokens[(hash(record.id) + record.tokens) % len(self.tokens)]
+        ended = bool(record.script) and record.tokens >= len(record.script) and not record.endless
+        if ended:
+            token = self.eos_token_id
+        elif record.script:
+            token = record.script[record.tokens % len(record.script)]
+        else:
+            token = self.tokens[(hash(record.id) + record.tokens) % len(self.tokens)]
         record.tokens += 1
         record.last_token = end
         record.lag_sum += taken - end
@@ -178,12 +227,13 @@ class TokenSource:
             events = [EngineCoreEvent(EngineCoreEventType.QUEUED, record.added),
                       EngineCoreEvent(EngineCoreEventType.SCHEDULED, start)]
             prefill = PrefillStats(num_prompt_tokens=record.prompt_tokens, num_computed_tokens=record.prompt_tokens)
-        finished = record.tokens >= record.max_tokens
-        if finished:
+        finish = FinishReason.STOP if ended else FinishReason.LENGTH if record.tokens >= record.max_tokens else None
+        if finish is not None:
+            record.finish = "stop" if ended else "length"
             del self._running[record.id]
             self._write(record)
         return EngineCoreOutput(request_id=record.id, new_token_ids=[token], events=events, prefill_stats=prefill,
-                                finish_reason=FinishReason.LENGTH if finished else None)
+                                finish_reason=finish)
 
     def _stats(self) -> Any:
         from vllm.v1.metrics.stats import SchedulerStats
@@ -204,9 +254,11 @@ class _Resources:
 _ORIGINAL: list[Any] = []  # vLLM's own factory while replaced
 
 
-def install(step_s: float = 0.025, log_path: Path | None = None) -> list[TokenSource]:
+def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[Reply, ...] = (),
+            start_s: float = 0.0) -> list[TokenSource]:
     """Make every AsyncLLM created from now on in this process stream from a TokenSource
-    (until `uninstall()`). Returns the list the sources are appended to as engines are built."""
+    (until `uninstall()`), with `replies` scripted, each taking `start_s` to start (as an engine core
+    loading its model would). Returns the list the sources are appended to as engines are built."""
     from vllm.v1.engine import core_client
 
     sources: list[TokenSource] = []
@@ -215,7 +267,8 @@ def install(step_s: float = 0.025, log_path: Path | None = None) -> list[TokenSo
                              renderer: Any = None, **kwargs: Any) -> TokenSource:
         if renderer is None:
             raise NotSimulated("bench token source: AsyncLLM no longer hands its renderer to the engine core client")
-        source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path)
+        time.sleep(start_s)  # in the thread that builds the engine, as the real engine core's start blocks it
+        source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path, replies)
         sources.append(source)
         log.warning("vLLM's engine core replaced by the bench token source: a token for every running request "
                     "every %.1f ms, at most %d running", 1e3 * step_s, source.max_num_seqs)

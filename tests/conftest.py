@@ -1,8 +1,11 @@
-"""Shared fixtures: the real engine in this process, and the real app in a subprocess.
+"""Shared fixtures: the real engine in this process, and the app in a subprocess.
 
-Both run the embedded SmolLM2 model on vLLM's CPU build; nothing is faked. The in-process engine
-is started in pytest's session event loop (all async tests share it, as Gradio's handlers share
-the server's loop); the app runs exactly as `python app.py` does, on a free local port.
+The in-process engine runs the embedded SmolLM2 model on vLLM's CPU build; it is started in pytest's
+session event loop (all async tests share it, as Gradio's handlers share the server's loop). The apps
+run exactly as `python app.py` does, on a free local port: `real_app` (and the apps of the tests of
+engines, workers and logins) on the real engine, `app_server` (shared by the tests whose subject is
+the page, the protocol or hostile input) on the stand-in engine of tests/stand_in.py, whose replies
+are scripted and quick to write.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ pytest_plugins = ["tests.costs"]  # each tier's wall and CPU time, printed after
 TIERS = ("unit", "engine", "app", "browser")
 EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clean-up (pytest_unconfigure)
 # A test's tier, when its module does not say: the heaviest of what its fixtures start.
-TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "client", "workers_app"}, "engine": {"engine", "registry"}}
+TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app"}, "engine": {"engine", "registry"}}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -162,14 +165,15 @@ class RunningApp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def launch_app(name: str, *args: str, env: dict[str, str] | None = None) -> RunningApp:
-    """app.py on a free port, started: it serves nothing yet (`wait_ready`)."""
+def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_in: bool = False) -> RunningApp:
+    """app.py on a free port (on the stand-in engine, tests/stand_in.py, with `stand_in`), started: it
+    serves nothing yet (`wait_ready`)."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = OUTPUT / f"{name}-{port}.log"  # concurrent test runs must not share a log
     log = open(log_path, "w")  # noqa: SIM115 - kept open for the subprocess's lifetime
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--port", str(port), *args],
+        [sys.executable, str(ROOT / ("tests/stand_in.py" if stand_in else "app.py")), "--port", str(port), *args],
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -198,9 +202,9 @@ def wait_ready(app: RunningApp, ready_timeout: float = 240, engine_ready: bool =
 
 
 def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240,
-              engine_ready: bool = True) -> RunningApp:
+              engine_ready: bool = True, stand_in: bool = False) -> RunningApp:
     """app.py on a free port, returned once ready (`wait_ready`)."""
-    return wait_ready(launch_app(name, *args, env=env), ready_timeout, engine_ready)
+    return wait_ready(launch_app(name, *args, env=env, stand_in=stand_in), ready_timeout, engine_ready)
 
 
 def app_command(*args: str) -> subprocess.Popen:
@@ -372,14 +376,14 @@ def nothing_left_behind(request):
     causes one on purpose says so with @pytest.mark.logs_errors)."""
     used = set(request.fixturenames)
     registry = request.getfixturevalue("registry") if "registry" in used else None
-    app = request.getfixturevalue("app_server") if "app_server" in used else None
-    log_from = app.log_path.stat().st_size if app else 0
+    apps = [request.getfixturevalue(name) for name in ("app_server", "real_app") if name in used]
+    logs_from = [app.log_path.stat().st_size for app in apps]
     yield
     if registry is not None:
         loop = next((e.task.get_loop() for e in registry if e.task is not None), None)
         left = loop.run_until_complete(_settled(registry, LEFT_BEHIND_WITHIN_S)) if loop else []
         assert not left, f"engine requests left behind: {left}"
-    if app is not None:
+    for app, log_from in zip(apps, logs_from, strict=True):
         busy = [e for e in app.wait_idle(LEFT_BEHIND_WITHIN_S).get("engines", [])
                 if e["running"] or e["waiting"] or e["unfinished"] or e["streams"]]
         assert not busy, f"the app still has requests in flight: {busy}"
@@ -393,11 +397,28 @@ def nothing_left_behind(request):
 
 @app_recipe("app_server", scope="session")
 def launch_shared_app(folder: Path) -> RunningApp:
-    return launch_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"))
+    return launch_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"),
+                      stand_in=True)
 
 
 @pytest.fixture(scope="session")
 def app_server(request) -> Iterator[RunningApp]:
+    """The app on the stand-in engine (tests/stand_in.py), shared by every test whose subject is not
+    the engine."""
+    app = app_for(request)
+    yield app
+    stop_app(app)
+
+
+@app_recipe("real_app", scope="session")
+def launch_real_app(folder: Path) -> RunningApp:
+    return launch_app("real", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"))
+
+
+@pytest.fixture(scope="session")
+def real_app(request) -> Iterator[RunningApp]:
+    """The app on the real engine (the embedded model), for the tests that prove each feature on it
+    (docs/testing.md lists them)."""
     app = app_for(request)
     yield app
     stop_app(app)
@@ -454,10 +475,20 @@ def browser():
 @pytest.fixture
 def page(browser, app_server, request):
     """A fresh page on the app, at a laptop's size; its screenshot lands in tests/output/ after the test."""
+    yield from opened_page(browser, app_server, request)
+
+
+@pytest.fixture
+def real_page(browser, real_app, request):
+    """`page`, on the app on the real engine."""
+    yield from opened_page(browser, real_app, request)
+
+
+def opened_page(browser, app: RunningApp, request) -> Iterator:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(30_000)
-    page.goto(app_server.url)
+    page.goto(app.url)
     wait_drawn(page)
     yield page
     OUTPUT.mkdir(parents=True, exist_ok=True)

@@ -252,20 +252,20 @@ class DroppingProxy:
         server_writer.transport.abort()
 
 
-async def test_the_client_resumes_after_a_dropped_connection_without_repeats(app_server):
-    port = int(app_server.url.rstrip("/").rsplit(":", 1)[1])
+async def test_the_client_resumes_after_a_dropped_connection_without_repeats(real_app):
+    port = int(real_app.url.rstrip("/").rsplit(":", 1)[1])
     async with DroppingProxy(port, drop_after=1200) as proxy:
-        stream = ReplyStream(LONG, url=app_server.url, ws_url=f"ws://127.0.0.1:{proxy.port}/chat",
+        stream = ReplyStream(LONG, url=real_app.url, ws_url=f"ws://127.0.0.1:{proxy.port}/chat",
                              sampling={"max_tokens": 80, "temperature": 0.0}, retries=3)
         parts = [text async for text in stream]
     assert proxy.dropped and proxy.connections == 2 and stream.reconnects == 1
     assert stream.via == "websocket" and stream.finish == "max_tokens"
     assert stream.stats["generated_tokens"] == 80 and "reached the Max tokens limit" in stream.summary
     # Exactly once: what the client printed is what the server generated, delta for delta.
-    server = deltas(await resumed(app_server, stream.id))
+    server = deltas(await resumed(real_app, stream.id))
     assert "".join(parts) == stream.text == "".join(e["text"] for e in server)
     assert len(parts) == len(server) and [e["index"] for e in server] == list(range(len(server)))
-    assert await idle(app_server) == IDLE
+    assert await idle(real_app) == IDLE
 
 
 async def test_a_dropped_reply_nobody_resumes_is_aborted_after_the_grace_period(app_server):

@@ -9,11 +9,13 @@ import json
 
 import pytest
 
-from bench.token_source import NotSimulated, install, uninstall
+from bench.token_source import NotSimulated, Reply, install, uninstall
 
 pytestmark = pytest.mark.engine  # each test starts a real AsyncLLM (a token source in front of it)
 
 STEP_S = 0.02
+# Scripted replies, as the tests' stand-in engine has them (tests/stand_in.py).
+REPLIES = (Reply("", "Fine, thanks."), Reply("poem", "Roses are red."), Reply("table", "| a | b |"))
 
 
 class Recorder:
@@ -40,7 +42,7 @@ async def llm(tmp_path):
     from chat.embedded import model_dir
 
     log_path = tmp_path / "source.jsonl"
-    sources = install(step_s=STEP_S, log_path=log_path)
+    sources = install(step_s=STEP_S, log_path=log_path, replies=REPLIES)
     try:
         # No Prometheus logger: it would replace the vllm:* metrics of the tests' real engine.
         args = AsyncEngineArgs(model=str(model_dir()), max_model_len=4096, max_num_seqs=4, enforce_eager=True,
@@ -67,11 +69,27 @@ async def prompt(engine, text="Tell me about lighthouses."):
     return prompts[0]
 
 
-def params(max_tokens):
+def params(max_tokens, ignore_eos=True):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA, ignore_eos=True)
+    return SamplingParams(max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
+
+
+async def written(llm, text, max_tokens, ignore_eos=False):
+    """The reply's text and how it ended."""
+    outputs = [out async for out in llm.generate(await prompt(llm, text), params(max_tokens, ignore_eos), text)]
+    return "".join(out.outputs[0].text for out in outputs), outputs[-1].outputs[0].finish_reason
+
+
+async def test_a_scripted_reply_is_written_whole_then_ends_by_itself(llm):
+    assert await written(llm, "How are you?", 100) == ("Fine, thanks.", "stop")  # the catch-all
+    assert await written(llm, "A poem, please.", 100) == ("Roses are red.", "stop")
+    assert await written(llm, "A poem, please. No: a table.", 100) == ("| a | b |", "stop")  # the latest cue
+    text, finish = await written(llm, "A poem, please.", 3)
+    assert finish == "length" and "Roses are red.".startswith(text) and text != "Roses are red."
+    text, finish = await written(llm, "A poem, please.", 12, ignore_eos=True)
+    assert finish == "length" and text.startswith("Roses are red.Roses")  # no end of sequence: again
 
 
 async def test_replies_stream_as_request_outputs_one_token_per_step(llm):

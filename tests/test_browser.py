@@ -73,9 +73,9 @@ def watch_second_reply(page) -> None:
                            f" && document.querySelectorAll({REPLY_TITLE!r})[1].innerText.includes({REPLIED!r})", timeout=90_000)
 
 
-def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
-    send(page, "Write a short poem about the moon.")
-    seen, title = watch_reply(page, REPLIED)
+def test_a_reply_grows_word_by_word_with_stats_beneath_it(real_page, real_app):
+    send(real_page, "Write a short poem about the moon.")
+    seen, title = watch_reply(real_page, REPLIED)
     growing = [text for text in seen if is_text(text)]
     assert len(growing) >= 3, f"the reply should grow in steps, saw {growing}"
     # Letters and digits never go away (the newest text is plain until Gradio draws it as Markdown,
@@ -83,13 +83,13 @@ def test_a_reply_grows_word_by_word_with_stats_beneath_it(page, app_server):
     letters = [len(re.findall(r"[^\W_]", text)) for text in growing]
     assert all(a <= b for a, b in zip(letters, letters[1:], strict=False)), growing
     assert (numbers := SUMMARY.search(title)) and numbers["rate"], title
-    reply_box = page.locator(REPLY_TEXT).last.bounding_box()
-    stats_box = page.locator(REPLY_TITLE).last.bounding_box()
+    reply_box = real_page.locator(REPLY_TEXT).last.bounding_box()
+    stats_box = real_page.locator(REPLY_TITLE).last.bounding_box()
     assert stats_box["y"] > reply_box["y"] + reply_box["height"] - 1, "stats sit beneath the reply"
-    assert page.locator(REPLY_TITLE).last.is_visible()
-    page.screenshot(path=str(OUTPUT / "chat-with-stats.png"))
+    assert real_page.locator(REPLY_TITLE).last.is_visible()
+    real_page.screenshot(path=str(OUTPUT / "chat-with-stats.png"))
     if os.environ.get("UPDATE_SCREENSHOTS"):  # the README's picture: UPDATE_SCREENSHOTS=1 scripts/test -k grows
-        page.screenshot(path=str(ROOT / "docs" / "screenshot.png"))
+        real_page.screenshot(path=str(ROOT / "docs" / "screenshot.png"))
 
 
 def test_the_engine_line_beneath_the_chat_says_how_the_engine_is(page):
@@ -98,21 +98,21 @@ def test_the_engine_line_beneath_the_chat_says_how_the_engine_is(page):
     assert "KV cache" in page.locator("#engine-status").inner_text()
 
 
-def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(page, app_server):
-    send(page, "Tell me a very long story about a dragon who learns to bake bread.")
+def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(real_page, real_app):
+    send(real_page, "Tell me a very long story about a dragon who learns to bake bread.")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        texts = page.locator(REPLY_TEXT).all_inner_texts()
+        texts = real_page.locator(REPLY_TEXT).all_inner_texts()
         if texts and len(texts[-1]) > 20:
             break
         time.sleep(0.05)
-    page.locator("#stop").click()
-    _, title = watch_reply(page, "stopped by you", within_s=15)
+    real_page.locator("#stop").click()
+    _, title = watch_reply(real_page, "stopped by you", within_s=15)
     assert "tokens" in title
-    body = app_server.wait_idle()
+    body = real_app.wait_idle()
     assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
-    send(page, "Say hi.")  # the conversation goes on after a stop
-    watch_second_reply(page)
+    send(real_page, "Say hi.")  # the conversation goes on after a stop
+    watch_second_reply(real_page)
 
 
 def titles(page) -> list[str]:
@@ -129,13 +129,13 @@ def wait_for_one_new_reply(page, old_title: str) -> None:
     )
 
 
-def test_retry_writes_a_new_reply_with_new_stats(page):
-    send(page, "Name one planet.", max_tokens=SHORT)
-    watch_reply(page, REPLIED)
-    first = titles(page)[-1]
-    page.get_by_role("button", name="Retry").last.click()
-    wait_for_one_new_reply(page, first)
-    assert len(page.locator("#chatbot .user-row").all()) == 1  # retried, not added
+def test_retry_writes_a_new_reply_with_new_stats(real_page):
+    send(real_page, "Name one planet.", max_tokens=SHORT)
+    watch_reply(real_page, REPLIED)
+    first = titles(real_page)[-1]
+    real_page.get_by_role("button", name="Retry").last.click()
+    wait_for_one_new_reply(real_page, first)
+    assert len(real_page.locator("#chatbot .user-row").all()) == 1  # retried, not added
 
 
 def test_undo_puts_the_message_back_in_the_box(page):

@@ -20,15 +20,17 @@ pytestmark = pytest.mark.browser
 
 @app_recipe("two_engine_app", scope="module")
 def launch_two_engine_app(folder: Path) -> RunningApp:
-    # The story: long enough to be streaming while the other page switches (a few seconds on a
-    # fast CPU), short enough not to dominate the suite (about 6 tokens a second on an AVX2 one).
+    # On the stand-in engine (the subject is the page's switch; an unload on the real engine is
+    # tests/test_workers.py's): 10 tokens a second, so the 200-token story streams for 20 s while the
+    # other page switches, and an engine start of 5 s that the switching page shows.
     small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
                  system_prompt="You tell long stories.", examples=["Tell me a story about a lighthouse."],
                  sampling={"temperature": 0.9, "max_tokens": {"default": 200, "max": 512}})
     small_preset(folder, "Terse", context=1536, description="Short, exact replies.",
                  system_prompt="Answer in one short sentence.", examples=["What is 2 + 2?"],
                  sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})
-    return launch_app("presets", "--presets-dir", str(folder), "--preset", "storyteller")
+    return launch_app("presets", "--presets-dir", str(folder), "--preset", "storyteller", stand_in=True,
+                      env={"STAND_IN_STEP_MS": "100", "STAND_IN_START_S": "5"})
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_votes_survive_a_restart_of_the_app(app_server, tmp_path):
     votes_file = app_server.process.args[app_server.process.args.index("--votes-db") + 1]
     with contextlib.closing(sqlite3.connect(votes_file)) as source, contextlib.closing(sqlite3.connect(copy)) as target:
         source.backup(target)
-    app = start_app("votes-after", "--votes-db", str(copy), engine_ready=False)  # votes need no engine
+    app = start_app("votes-after", "--votes-db", str(copy), engine_ready=False, stand_in=True)  # votes need no engine
     try:
         after = stored(Client(app.url, verbose=False))
     finally:

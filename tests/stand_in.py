@@ -1,0 +1,78 @@
+"""The stand-in engine: app.py as it is, with vLLM's engine core replaced by the front-end benchmark's
+token source (bench/token_source.py), which writes the scripted replies below, one token every
+STAND_IN_STEP_MS milliseconds.
+
+For tests whose subject is not the engine (the page, the protocol, hostile input, votes, layout):
+vLLM's own front end still renders the prompt with the model's chat template, counts tokens with the
+real tokenizer, detokenizes, applies stop strings and keeps its request metrics and load reports, so
+the app under test is the real one; only the model's weights and the engine-core process are gone
+(no engine start of ~40 s of CPU, and replies at a known pace instead of the CPU model's ~10 tokens
+a second). Every feature also keeps a test on the real engine (docs/testing.md lists them).
+
+    STAND_IN_STEP_MS=30 STAND_IN_START_S=3 python tests/stand_in.py --port 7861   # app.py's flags
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP_MS = 30.0  # ~33 tokens a second: several redraws a second, as a reader sees the real model's
+START_S = 3.0  # an engine's start: long enough to be seen ("Starting the engine…"), short enough to wait for
+
+SENTENCE = ("The lighthouse keeper walked down to the shore every morning before the sun came up. He counted "
+            "the boats in the harbour and wrote the weather in a small notebook.")  # 33 tokens
+# The fallback: an answer that ends on its own ("finished") after ~130 tokens, longer than most tests'
+# Max tokens, as the embedded model's replies are.
+ANSWER = " ".join([SENTENCE] * 4)
+
+# What a reply may hold while it streams: a list, a table, code, a heading, a quote (tests of the page's
+# live rendering read it at every moment).
+DOCUMENT = """Here are the steps:
+
+1. The best way is **to plan** and to use `code` here.
+2. Second, a list item with *emphasis*.
+   - a nested item
+
+| Name | Value |
+|------|:-----:|
+| a    | 1     |
+| b    | 2     |
+
+```python
+def add(a, b):
+    return a + b
+```
+
+Text
+---
+
+> a quote
+
+Done."""
+
+
+
+def replies():  # -> tuple[bench.token_source.Reply, ...]; imported lazily (bench imports vLLM's types)
+    from bench.token_source import Reply
+
+    return (
+        Reply("", ANSWER),
+        Reply("Python function", DOCUMENT),
+        Reply("single word", "Yes."),
+        Reply("long", SENTENCE, endless=True),  # "a (very) long story/poem/list": to Max tokens, to be stopped
+    )
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from bench.token_source import install
+
+    install(step_s=float(os.environ.get("STAND_IN_STEP_MS", STEP_MS)) / 1000, replies=replies(),
+            start_s=float(os.environ.get("STAND_IN_START_S", START_S)))
+    sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
+    import app
+
+    sys.exit(app.main())

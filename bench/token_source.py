@@ -76,6 +76,7 @@ class SourceRecord:
     finish: str = "length"
     script: tuple[int, ...] = ()  # a scripted reply's tokens (empty: the story, from an offset, to Max tokens)
     endless: bool = False  # the script again and again, to Max tokens
+    priority: int = 0  # vLLM's request priority: lower goes first
 
     @property
     def lag_mean(self) -> float:
@@ -116,8 +117,13 @@ class TokenSource:
         script, endless = self._script(request.prompt_token_ids or (), params)
         record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
                               (params.max_tokens if params is not None else None) or 16, time.monotonic(),
-                              script=script, endless=endless)
-        self._waiting.append(record)
+                              script=script, endless=endless, priority=getattr(request, "priority", 0) or 0)
+        # The engine's priority scheduling: a lower value goes first, in order of arrival among equals.
+        after = next((i for i, waiting in enumerate(self._waiting) if waiting.priority > record.priority), None)
+        if after is None:
+            self._waiting.append(record)
+        else:
+            self._waiting.insert(after, record)
         self._arrived.set()
 
     async def abort_requests_async(self, request_ids: Any) -> None:

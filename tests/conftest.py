@@ -104,6 +104,31 @@ async def engine(registry, default_preset):
 
 
 @pytest.fixture(scope="session")
+async def stand_in_registry(default_preset):
+    """Engines in the test process on the stand-in engine (tests/stand_in.py), for the tests of the
+    reply pipeline and the capacity test; test modules that use it name it `registry`."""
+    from chat.registry import EngineRegistry
+
+    registry = EngineRegistry()
+    await stand_in_ready(registry, default_preset)
+    yield registry
+    await registry.close_all()
+
+
+async def stand_in_ready(registry, preset):
+    """The engine of `preset` in `registry`, started on the stand-in engine (vLLM's engine core
+    replaced while it starts, and only then)."""
+    from bench.token_source import install, uninstall
+    from tests.stand_in import STEP_MS, replies
+
+    install(step_s=STEP_MS / 1000, replies=replies())
+    try:
+        return await registry.get(preset)
+    finally:
+        uninstall()
+
+
+@pytest.fixture(scope="session")
 def service(registry, default_preset):
     """The reply pipeline in the test process, on the session's registry (the engine tier's)."""
     from chat.presets import load_presets

@@ -1,5 +1,6 @@
-"""The capacity test on the real engine (the embedded model): steps of 1 to 4 simulated users through
-the reply pipeline, Stop, and visitors first (vLLM priority scheduling, and the pause)."""
+"""The capacity test through the reply pipeline, on the stand-in engine (tests/stand_in.py; the capacity
+test on the real engine is tests/test_browser_capacity.py's): steps of 1 to 4 simulated users, Stop,
+and visitors first (the engine's priority scheduling, and the pause)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,40 @@ from chat.capacity_run import SYNTHETIC_PRIORITY, CapacityLab, Progress
 from chat.errors import InputError
 from chat.presets import load_presets
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Writing
-from tests.conftest import eventually, small_preset
+from tests.conftest import eventually, small_preset, stand_in_ready
 
 pytestmark = pytest.mark.engine
+
+
+# The pipeline's tests run on the stand-in engine (tests/stand_in.py); tests/test_stream.py has the
+# reply stream, its stop and its close on the real one.
+@pytest.fixture(scope="session")
+def registry(stand_in_registry):
+    return stand_in_registry
+
+
+@pytest.fixture(scope="session")
+async def engine(stand_in_registry, default_preset):
+    return await stand_in_registry.get(default_preset)
+
+
+@pytest.fixture(scope="session")
+def service(stand_in_registry, default_preset):
+    return ChatService(load_presets(), stand_in_registry, default_preset.name)
 
 PRIORITY_PRESET = "Two slots, visitors first"
 
 
 @pytest.fixture(scope="module")
-def two_slots(registry, tmp_path_factory):
+async def two_slots(registry, tmp_path_factory):
     """A preset of the embedded model with two slots, priority scheduling and fixed reply lengths."""
     folder = tmp_path_factory.mktemp("presets")
     small_preset(folder, PRIORITY_PRESET, ignore_eos=True, timeout_s=600,  # waiting for a slot is not idleness
                  engine={"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 268435456,
                          "enforce_eager": True, "max_num_seqs": 2, "scheduling_policy": "priority"})
-    return ChatService(load_presets(folder), registry, PRIORITY_PRESET)
+    presets = load_presets(folder)
+    await stand_in_ready(registry, presets.get(PRIORITY_PRESET))
+    return ChatService(presets, registry, PRIORITY_PRESET)
 
 
 async def drive(run) -> list[Progress]:

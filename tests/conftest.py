@@ -400,11 +400,11 @@ def nothing_left_behind(request):
     shared app, and the shared app logged no traceback or ERROR line while it ran (a test that
     causes one on purpose says so with @pytest.mark.logs_errors)."""
     used = set(request.fixturenames)
-    registry = request.getfixturevalue("registry") if "registry" in used else None
+    registries = [request.getfixturevalue(name) for name in ("registry", "stand_in_registry") if name in used]
     apps = [request.getfixturevalue(name) for name in ("app_server", "real_app") if name in used]
     logs_from = [app.log_path.stat().st_size for app in apps]
     yield
-    if registry is not None:
+    for registry in registries:
         loop = next((e.task.get_loop() for e in registry if e.task is not None), None)
         left = loop.run_until_complete(_settled(registry, LEFT_BEHIND_WITHIN_S)) if loop else []
         assert not left, f"engine requests left behind: {left}"

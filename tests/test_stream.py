@@ -169,7 +169,9 @@ async def test_invalid_sampling_values_give_the_plain_sentence(default_preset):
     assert caught.value.message == "Temperature must be a number from 0 to 2; it was 7."
 
 
-async def test_paced_redraws_show_the_first_token_at_once_and_coalesce_the_rest(engine, default_preset):
+async def test_paced_redraws_show_the_first_token_at_once_and_coalesce_the_rest(stand_in_registry, default_preset):
+    # The subject is the pacing, not the engine: on the stand-in engine (tests/stand_in.py).
+    engine = await stand_in_registry.get(default_preset)
     reply = reply_to(engine, default_preset, "Write a long list of colours.", max_tokens=60)
     redraw_tokens, redraw_times = [], []
     async for _ in paced(reply, lambda: 0.25, tick_s=5.0):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from chat import logs, settings
-from chat.presets import PresetCatalog, load_presets
+if TYPE_CHECKING:
+    from chat.presets import PresetCatalog
 
 log = logging.getLogger("chat")
 
@@ -24,6 +25,11 @@ def print_presets(catalog: PresetCatalog) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Imported here, not above: a process spawned for the app imports this module first (below),
+    # and should leave the app's process group before it spends seconds importing.
+    from chat import logs, settings
+    from chat.presets import load_presets
+
     args = settings.parse(argv)
     logs.configure(verbose=args.verbose)  # before anything imports vLLM (loading presets does)
     catalog = load_presets(args.presets_dir)
@@ -51,8 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     from chat.lifeline import exit_without_teardown
 
-    exit_without_teardown(main())
+    try:
+        status = main()
+    except KeyboardInterrupt:  # Ctrl-C before the app served: it had started nothing to stop in order
+        status = 130
+    exit_without_teardown(status)
 elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, an engine core or its worker
-    from chat.lifeline import end_with_parent
+    from chat import lifeline
 
-    end_with_parent()
+    lifeline.leave_terminal_group()  # the app's main process stops it (chat/lifeline.py)
+    lifeline.end_with_parent()
+
+    from chat import logs
+
+    logs.configure_spawned()

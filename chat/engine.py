@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from chat.engine_core import EngineSlot, SharedCore, engine_args, engine_arguments, join_core, on_cpu
+from chat.engine_core import CORE_STOP_S, EngineSlot, SharedCore, engine_args, engine_arguments, join_core, on_cpu
 from chat.engine_load import EngineLoad, load_recorder
 from chat.errors import EngineBusy, EngineError, EngineFailed, SettingsError
 from chat.models import resolve_model, weights_bytes
@@ -357,7 +357,7 @@ class Engine:
         core, self.core = self.core, None
         self.state = EngineState.CLOSED
         if llm is not None:
-            llm.shutdown()
+            llm.shutdown(timeout=CORE_STOP_S)
         if core is not None:
             core.shutdown()
 
@@ -374,6 +374,6 @@ class Engine:
             if isinstance(handler, asyncio.Task) and not handler.done():
                 handler.cancel()
                 await asyncio.wait({handler}, timeout=5)
-            await asyncio.to_thread(llm.shutdown)
+            await asyncio.to_thread(llm.shutdown, timeout=CORE_STOP_S)
         if core is not None:
             await asyncio.to_thread(core.shutdown)

@@ -21,6 +21,7 @@ starts with spare slots, and a replacement process takes a fresh one.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long an engine's processes may take to end once asked (vLLM's default is 5 s, then it kills
+# them): ~3 s on the 2-core Xeon, a shared core's up to 4 s more (SharedCore.shutdown), and far more
+# on a machine busy with other work, where a kill mid-teardown left shared memory behind.
+CORE_STOP_S = 15.0
+
 
 def on_cpu() -> bool:
     from vllm.platforms import current_platform
@@ -48,6 +54,9 @@ def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
     suits it (chat/cpu.py)."""
     engine_args = dict(preset.engine)
     engine_args.setdefault("served_model_name", preset.model if preset.model_kind == "hub" else folder.name)
+    # The weights' progress bars (five lines on the console at each start) with --verbose only, which
+    # the app passes on in the environment (chat/logs.py).
+    engine_args.setdefault("use_tqdm_on_load", os.environ.get("CHAT_VERBOSE") == "1")
     if on_cpu():
         engine_args.setdefault("dtype", cpu.best_dtype())
         cpu.tune_environment()
@@ -139,9 +148,14 @@ class SharedCore:
         return self.manager is None or all(p.is_alive() for p in getattr(self.manager, "processes", []))
 
     def shutdown(self) -> None:
-        """Blocking: stop the core's processes and remove its sockets."""
+        """Blocking: stop the core's processes and remove its sockets.
+
+        vLLM's engine manager kills a core still running 5 s after asking it to stop, with two
+        warnings, and a shared core takes longer: its teardown ends by waiting up to 4 s to tell each
+        client slot that it stops (ZMQ's linger), and a slot whose client has gone, or never came (the
+        spares), never takes that message. So it gets CORE_STOP_S."""
         if self.manager is not None:
-            self.manager.shutdown()
+            self.manager.shutdown(timeout=CORE_STOP_S)
         if self.coordinator is not None:
             self.coordinator.shutdown()
         for address in (*self.addresses.inputs, *self.addresses.outputs):

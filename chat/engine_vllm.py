@@ -17,7 +17,7 @@ chat/engine_core.py, an engine core that several processes share (as `vllm serve
    number of clients and gives a 4-tuple. `vllm.v1.engine.utils.bind_engine_zmq_listeners`, new in
    0.32, tells the two apart.
 5. `vllm.v1.executor.Executor.get_class(config)`.
-6. The engine manager's `.processes` and `.shutdown()` (`CoreEngineProcManager`); the data-parallel
+6. The engine manager's `.processes` and `.shutdown(timeout=)` (`CoreEngineProcManager`); the data-parallel
    coordinator's `.get_stats_publish_address()` and `.shutdown()` (`DPCoordinator`).
 7. `vllm.platforms.current_platform.is_cpu()` (and `.is_cuda()`, here).
 

@@ -155,6 +155,7 @@ class FrontDoor:
             [str(binary), "run", "--config", str(config), "--adapter", "caddyfile"],
             stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(self.folder), "XDG_DATA_HOME": str(self.folder)},
             preexec_fn=ends_with_parent(),  # the kernel ends Caddy if the app is killed (chat/lifeline.py)
+            process_group=0,  # a signal to the app's group is the app's to act on: it stops Caddy (chat/lifeline.py)
         )
 
     @property

@@ -14,11 +14,21 @@ not listen there. Now:
 - Caddy, a program of its own, gets SIGTERM from the kernel when the app's process ends
   (`ends_with_parent`, Linux's PR_SET_PDEATHSIG; Caddy is started from the main thread, which the
   signal is tied to).
+
+The app's main process also owns the stop. A terminal's Ctrl-C sends SIGINT to its whole foreground
+process group, and a stop may signal the group too: every process that got it then stopped on its
+own, in any order. vLLM's worker quit at once, its engine core saw it die (ERROR, two tracebacks),
+the app saw the core die and began a restart, and the shared memory between them was left to
+multiprocessing's resource tracker (a "leaked" warning). So each process the app starts leaves
+the group it was started in (`leave_terminal_group`; Caddy: chat/front_door.py), and a signal to
+the group reaches the main process only, which stops them in order: the requests in flight
+aborted, each engine shut down, then the server closed (chat/server.py, chat/supervisor.py).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
@@ -46,6 +56,15 @@ def end_with_parent(check_every_s: float = CHECK_EVERY_S, grace_s: float = GRACE
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="end with parent", daemon=True).start()
+
+
+def leave_terminal_group() -> None:
+    """Make this process the leader of a process group of its own (what it starts joins it), so that
+    a signal to the app's group does not reach it: the app stops it in order instead. Called first
+    thing in a spawned process; a signal that comes before this still reaches it (the start of the
+    interpreter, a fraction of a second after the engine or worker is started)."""
+    with contextlib.suppress(OSError):  # already a session leader: it cannot leave, nor need to
+        os.setpgid(0, 0)
 
 
 def ends_with_parent() -> Callable[[], None] | None:

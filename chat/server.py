@@ -67,15 +67,18 @@ def memory_budget(args: argparse.Namespace) -> float:
 
 
 class Shutdown:
-    """SIGTERM or Ctrl-C: close the engines on the server's loop first, then let Gradio close.
+    """SIGTERM or Ctrl-C: close the engines on the server's loop first, then close the server.
 
-    Gradio's close waits 5 s for the connections of open pages (their heartbeats never end) and then
-    abandons its loop; vLLM's output handler, cancelled with it, would log an engine death with a
-    traceback. Closed first, the engines end their readers' streams with a sentence instead."""
+    Closing the server first, vLLM's output handler was cancelled with Gradio's loop and logged an
+    engine death with a traceback. Closed first, the engines end their readers' streams with a
+    sentence instead (`close_all` aborts them before it shuts each engine down). The app's own
+    process says so in two lines; a UI worker says nothing (its supervisor does)."""
 
-    def __init__(self, registry: EngineRegistry) -> None:
+    def __init__(self, registry: EngineRegistry, announce: bool) -> None:
         self.registry = registry
+        self.announce = announce
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+        self.started: float | None = None  # when the stop came
 
     def install(self, ctrl_c: bool) -> None:
         signal.signal(signal.SIGTERM, self.interrupt)
@@ -85,13 +88,20 @@ class Shutdown:
     def interrupt(self, signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would break the shutdown
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C still quits at once
+        self.started = time.monotonic()
+        if self.announce:
+            print(logs.STOPPING, flush=True)
         self.registry.closing = True  # an engine start asked for from now on does not begin
         if self.loop is not None and self.loop.is_running():
             closing = asyncio.run_coroutine_threadsafe(self.registry.close_all(), self.loop)
             with contextlib.suppress(Exception):
                 closing.result(timeout=CLOSE_WAIT_S)
         end_starting_engines(self.registry)
-        raise KeyboardInterrupt  # Gradio closes the server on it
+        raise KeyboardInterrupt  # `serve` closes the server on it
+
+    def done(self) -> None:
+        if self.announce and self.started is not None:
+            print(logs.stopped_line(time.monotonic() - self.started), flush=True)
 
 
 def end_starting_engines(registry: EngineRegistry) -> None:
@@ -184,10 +194,15 @@ def serve(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | Non
     except Refused as exc:
         print(exc, file=sys.stderr)
         return 2
+    shutdown = Shutdown(app.registry, announce=worker is None)
     try:
-        launch(app, args, worker)
-    except KeyboardInterrupt:  # stopped while Gradio was still starting (once it serves, it handles this)
-        app.demo.close()
+        launch(app, args, worker, shutdown)
+        while True:
+            signal.pause()  # until the stop: `Shutdown` raises KeyboardInterrupt here once the engines are closed
+    except KeyboardInterrupt:  # the stop, or a second Ctrl-C (which does not wait for the engines)
+        pass
+    app.demo.close(verbose=False)  # the server thread, the queue, the pages' heartbeats
+    shutdown.done()
     return 0
 
 
@@ -265,8 +280,9 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     return App(service, registry, default, store, reply_logs, login, link, lab, monitor, demo)
 
 
-def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
-    """Serve the page, the routes beside it and the engines' background work until interrupted."""
+def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: Shutdown) -> None:
+    """Serve the page, the routes beside it and the engines' background work (in Gradio's thread),
+    with `shutdown` ready to stop them; returns once it serves."""
     from starlette.middleware import Middleware
     from starlette.middleware.gzip import GZipMiddleware
 
@@ -281,7 +297,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
     from chat.voters import VoterCookie
     from chat.web import routes
 
-    registry, shutdown = app.registry, Shutdown(app.registry)
+    registry = app.registry
 
     @contextlib.asynccontextmanager
     async def lifespan(_: object) -> AsyncIterator[None]:
@@ -333,4 +349,5 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None) -> None:
         # Starlette's GZip leaves event streams (Gradio's queue) and WebSockets alone.
         app_kwargs={"middleware": middleware, "lifespan": lifespan, "routes": extra_routes,
                     "exception_handlers": PLAIN_REQUEST_ERRORS},
+        prevent_thread_lock=True,  # `serve` waits for the stop itself: Gradio's wait prints a line of its own
     )

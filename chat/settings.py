@@ -74,8 +74,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("votes_db", ("CHAT_VOTES_DB",), str(default_votes_path()),
             "SQLite file that keeps every Compare vote for the leaderboard; several app processes may share it."),
     Setting("verbose", ("CHAT_VERBOSE",), False,
-            "Also print vLLM's own progress lines (about a hundred at each engine start); by default the console "
-            "shows its warnings and errors only.", bool),
+            "Also print vLLM's own progress lines (about a hundred at each engine start) and the warnings of vLLM and "
+            "torch known to be harmless (chat/logs.py); by default the console shows the other warnings and errors only.",
+            bool),
     Setting("allow_untested_vllm", ("CHAT_ALLOW_UNTESTED_VLLM",), False,
             "Start on a vLLM this app has not run on (chat/engine_vllm.py lists those it has), with one warning. "
             "Off by default: such a vLLM stops the app at start with one sentence naming the tested ones.", bool),

@@ -159,6 +159,8 @@ def test_6_the_engine_manager_and_the_coordinator_list_and_stop_their_processes(
 
     assert "processes" in set_in_init(CoreEngineProcManager), changed("CoreEngineProcManager.processes", "not set")
     assert callable(getattr(CoreEngineProcManager, "shutdown", None)), changed("CoreEngineProcManager.shutdown", "gone")
+    assert "timeout" in inspect.signature(CoreEngineProcManager.shutdown).parameters, \
+        changed("CoreEngineProcManager.shutdown(timeout=)", "it takes no timeout")
     for name in ("get_stats_publish_address", "shutdown"):
         assert callable(getattr(DPCoordinator, name, None)), changed(f"DPCoordinator.{name}", "it is gone")
 

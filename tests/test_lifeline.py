@@ -6,7 +6,9 @@ with SIGKILL, then waits for the child to end. The app itself: tests/test_worker
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -74,3 +76,34 @@ WATCHING_CHILD = """
 @pytest.mark.parametrize("ignore_term", [False, True], ids=["ends on SIGTERM", "killed after the grace period"])
 def test_a_process_that_watches_its_parent_ends_when_the_parent_is_killed(ignore_term, tmp_path):
     killed_parent_leaves(WATCHING_CHILD.format(ignore_term=ignore_term), tmp_path)
+
+
+# A stand-in for the app: it starts a child in its own process group, as multiprocessing does, and
+# waits. The child leaves the group as every process spawned for the app does (app.py), then says so.
+STARTS_A_CHILD_THAT_LEAVES = """
+import subprocess, sys, time
+leaves = "from chat.lifeline import leave_terminal_group; leave_terminal_group(); import os, time; " \\
+         "print(os.getpid(), flush=True); time.sleep(600)"
+subprocess.Popen([sys.executable, "-c", leaves])
+time.sleep(600)
+"""
+
+
+def test_a_signal_to_the_apps_group_does_not_reach_a_process_that_left_it():
+    """What a terminal's Ctrl-C sends to its foreground group ends the app alone, which then stops
+    the processes it started in order (the whole stop: tests/test_stop.py)."""
+    app = subprocess.Popen([sys.executable, "-c", STARTS_A_CHILD_THAT_LEAVES], cwd=ROOT, start_new_session=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    assert app.stdout is not None
+    child = psutil.Process(int(app.stdout.readline()))
+    try:
+        assert os.getpgid(child.pid) == child.pid != app.pid
+        os.killpg(app.pid, signal.SIGINT)
+        app.wait(timeout=ENDS_WITHIN_S)
+        assert running(child), "the group's signal reached the child"
+    finally:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+        app.kill()
+        app.wait()

@@ -1,0 +1,111 @@
+"""A quiet stop: Ctrl-C in a terminal sends SIGINT to the app's whole process group, and a stop may
+send SIGTERM to the group too. Either ends the app within seconds, in two lines, with a reply in
+flight, with one UI worker and with several, and leaves nothing running (chat/lifeline.py,
+chat/server.py, chat/supervisor.py). The apps here run in sessions of their own, as in a terminal:
+the other tests stop theirs by signalling the main process only, which never showed what a terminal does."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from chat import logs
+from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, free_port, small_preset, still_running, wait_ready
+from tests.test_server import in_session
+
+pytestmark = pytest.mark.app
+
+PRESET = "Stop test"
+STOPS_WITHIN_S = 30.0  # a bound for a busy machine; it takes 3-7 s on the 2-core Xeon
+LEFT_WITHIN_S = 30.0  # the resource tracker ends once the app has, after cleaning up
+
+
+def launch_in_session(name: str, folder: Path, *args: str) -> RunningApp:
+    """app.py with a small preset in a session of its own, so that its process group is the app's
+    alone, as a terminal's foreground group is."""
+    small_preset(folder, PRESET, sampling={"temperature": 0.0, "max_tokens": {"default": 400, "max": 512}})
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = OUTPUT / f"{name}-{port}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--presets-dir", str(folder),
+             "--preset", PRESET, "--votes-db", str(folder / "votes.sqlite3"), *args],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"},
+        )
+    return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
+
+
+def stopped_mid_reply(app: RunningApp, signum: signal.Signals) -> tuple[list[str], dict | None]:
+    """Start a long reply over the WebSocket API, signal the app's whole group once it streams, and
+    wait for the app's end. The lines it printed after the signal, and the reply's last event other
+    than a delta (None when its connection closed first)."""
+    last: dict | None = None
+    with connect(app.url.replace("http", "ws") + "chat", open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "chat", "id": "long", "preset": PRESET,
+                            "messages": [{"role": "user", "content": "Count from 1 to 500, one number a line."}]}))
+        while (event := json.loads(ws.recv(timeout=120)))["type"] != "delta":
+            assert event["type"] == "progress", event
+        printed = len(app.log_path.read_text(errors="replace").splitlines())
+        os.killpg(app.process.pid, signum)
+        with contextlib.suppress(ConnectionClosed):  # closed by the stop; still open STOPS_WITHIN_S later: TimeoutError
+            while True:
+                event = json.loads(ws.recv(timeout=STOPS_WITHIN_S))
+                last = event if event.get("type") != "delta" else last
+    app.process.wait(timeout=STOPS_WITHIN_S)
+    return app.log_path.read_text(errors="replace").splitlines()[printed:], last
+
+
+def assert_quiet_stop(app: RunningApp, after: list[str]) -> None:
+    assert app.process.returncode == 0, "\n".join(after)
+    assert 1 <= len(after) <= 2 and after[0] == logs.STOPPING, "\n".join(after)
+    assert after[-1].startswith("==> Stopped in "), "\n".join(after)
+    left = still_running(in_session(app.process.pid), LEFT_WITHIN_S)
+    assert not left, f"processes of the app's session outlived it: {left}"
+    text = app.log_path.read_text(errors="replace")  # read once the resource tracker has ended too
+    problems = [line for line in text.splitlines() if PROBLEM_LINE.search(line) or "leaked" in line]
+    assert not problems, "\n".join(problems)
+
+
+def kill_session(app: RunningApp) -> None:
+    """After a failed test: nothing of the app may go on running into the next ones."""
+    for process in in_session(app.process.pid):
+        with contextlib.suppress(Exception):
+            process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        app.process.wait(timeout=10)
+
+
+def test_ctrl_c_in_a_terminal_stops_the_app_and_its_reply_in_two_lines(tmp_path):
+    """SIGINT to the whole group, as a terminal's Ctrl-C sends it: before, vLLM's worker quit on its
+    own, its engine core logged it as a fatal error with two tracebacks, the app began restarting the
+    engine, and the resource tracker warned of leaked shared memory."""
+    app = wait_ready(launch_in_session("stop-ctrl-c", tmp_path))
+    try:
+        after, last = stopped_mid_reply(app, signal.SIGINT)
+        assert_quiet_stop(app, after)
+        assert last is not None and last["type"] in ("done", "error"), f"the reply did not end: {last}"
+    finally:
+        kill_session(app)
+
+
+def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(tmp_path):
+    """SIGTERM to the whole group with two UI workers behind the front door: before, every worker
+    printed Gradio's "Keyboard interruption" line, and the group's signal reached the engine's
+    processes too. The front door stops first, so the reply's connection is closed (no last event)."""
+    app = wait_ready(launch_in_session("stop-workers", tmp_path, "--ui-workers", "2"))
+    try:
+        after, _ = stopped_mid_reply(app, signal.SIGTERM)
+        assert_quiet_stop(app, after)
+    finally:
+        kill_session(app)

@@ -39,6 +39,14 @@ TIERS = ("unit", "engine", "app", "browser")
 EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clean-up (pytest_unconfigure)
 # A test's tier, when its module does not say: the heaviest of what its fixtures start.
 TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app"}, "engine": {"engine", "registry"}}
+# The fixtures that start the real engine (the embedded model on vLLM's CPU build), by the module that
+# defines them (test modules whose tests run on the stand-in engine name theirs `registry` and `engine`
+# too). A test that uses one is marked `real_engine`; `scripts/test --dev` runs every other test.
+REAL_ENGINE_FIXTURES = {
+    "real_app": "tests.conftest", "real_page": "tests.conftest", "protected_app": "tests.conftest",
+    "registry": "tests.conftest", "engine": "tests.conftest", "workers_app": "tests.test_workers",
+    "workers": "tests.test_hostile", "small_presets": "tests.test_engine",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,6 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     app behind a login (`protected_app`, from three modules) last and together, so that one start of
     that app serves them all and it never idles beside other tests."""
     for item in items:
+        if uses_real_engine(item):
+            item.add_marker("real_engine")
         if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
         if marked:
@@ -55,6 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")
         item.add_marker(tier)
     items.sort(key=lambda item: ("protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))  # stable
+
+
+def uses_real_engine(item: pytest.Item) -> bool:
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(definitions[name][-1].func.__module__ == module
+               for name, module in REAL_ENGINE_FIXTURES.items() if name in definitions)
 
 
 def tier_of(item: pytest.Item) -> str:

@@ -16,25 +16,10 @@ from chat.errors import InputError
 from chat.presets import load_presets
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Writing
 from tests.conftest import eventually, small_preset, stand_in_ready
+from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - on the stand-in engine
 
 pytestmark = pytest.mark.engine
 
-
-# The pipeline's tests run on the stand-in engine (tests/stand_in.py); tests/test_stream.py has the
-# reply stream, its stop and its close on the real one.
-@pytest.fixture(scope="session")
-def registry(stand_in_registry):
-    return stand_in_registry
-
-
-@pytest.fixture(scope="session")
-async def engine(stand_in_registry, default_preset):
-    return await stand_in_registry.get(default_preset)
-
-
-@pytest.fixture(scope="session")
-def service(stand_in_registry, default_preset):
-    return ChatService(load_presets(), stand_in_registry, default_preset.name)
 
 PRIORITY_PRESET = "Two slots, visitors first"
 
@@ -47,8 +32,9 @@ async def two_slots(registry, tmp_path_factory):
                  engine={"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 268435456,
                          "enforce_eager": True, "max_num_seqs": 2, "scheduling_policy": "priority"})
     presets = load_presets(folder)
-    await stand_in_ready(registry, presets.get(PRIORITY_PRESET))
-    return ChatService(presets, registry, PRIORITY_PRESET)
+    engine = await stand_in_ready(registry, presets.get(PRIORITY_PRESET))
+    yield ChatService(presets, registry, PRIORITY_PRESET)
+    await registry.unload(engine)  # the session's registry is the other modules' too
 
 
 async def drive(run) -> list[Progress]:

@@ -103,19 +103,20 @@ def test_verbose_brings_vllms_info_lines_back():
     assert vllm_info_lines(finished(verbose))
 
 
-def test_the_console_ends_the_engine_start_with_the_address_to_open(app_server):
-    """The shared app's own console, from its start: the address comes again once the engine is ready."""
+def test_the_console_ends_the_engine_start_with_the_address_to_open(real_app):
+    """The real engine's app's own console, from its start (vLLM's processes write to it too): the address
+    comes again once the engine is ready."""
     ready = re.compile(r"^==> .+ is ready: open (\S+) in your browser\.$")
     deadline = time.monotonic() + 240
     while True:
-        lines = app_server.log_path.read_text(errors="replace").splitlines()
+        lines = real_app.log_path.read_text(errors="replace").splitlines()
         announced = [i for i, line in enumerate(lines) if ready.match(line)]
         if announced or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert announced, "no ready line within 240 s:\n" + app_server.log_tail()
+    assert announced, "no ready line within 240 s:\n" + real_app.log_tail()
     start = lines[: announced[0] + 1]
-    assert ready.match(start[-1]).group(1) == app_server.url
+    assert ready.match(start[-1]).group(1) == real_app.url
     engine_ready = [i for i, line in enumerate(start) if re.search(r"Engine for .+ ready in [\d.]+ s", line)]
     assert engine_ready and engine_ready[0] < announced[0], "the address comes after the engine is ready"
     assert any("Running on local URL" in line for line in start[: engine_ready[0]]), "and the first address before it"

@@ -7,6 +7,7 @@ import pytest
 from chat.charts import COLOURS
 from chat.monitor import CHARTS, Monitor, Sample, chart_data, is_quiet, time_axis, window_words
 from chat.ui.monitor_tab import PRESET, TIME, frame, updates
+from tests.stand_in_fixtures import engine, registry  # noqa: F401 - on the stand-in engine
 
 NOW = 29_833_333 * 60 + 17.0  # 17 s past a whole minute
 BY_FIELD = {chart.field: chart for chart in CHARTS}
@@ -184,6 +185,8 @@ async def test_a_preset_sharing_another_presets_engine_gets_its_own_first_token_
     charts = monitor.charts()
     assert charts is not None
     by_chart = {data.chart.field: {preset for _, preset, value in data.points if value is not None} for data in charts}
-    assert by_chart["ttft_p50_ms"] == by_chart["ttft_p95_ms"] == {default_preset.name, other.name}
+    # Both presets have their line (presets of other tests' engines may have theirs too: first tokens are
+    # kept for minutes, and the session's engines are shared).
+    assert by_chart["ttft_p50_ms"] == by_chart["ttft_p95_ms"] >= {default_preset.name, other.name}
     # The engine's load is drawn once, under the engine's name (other engines of the session may be drawn too).
     assert default_preset.name in by_chart["running"] and other.name not in by_chart["running"]

@@ -185,6 +185,7 @@ def test_failed_sign_ins_from_one_address_are_refused_for_a_while(protected_app)
 
 
 @pytest.mark.app
+@pytest.mark.real_engine
 @pytest.mark.parametrize(("workers", "moment"), [(1, "engine processes"), (2, "engine processes"), (1, "first page")])
 def test_stopping_the_app_while_its_engine_starts_ends_the_start_and_leaves_nothing_running(tmp_path, workers, moment):
     """Ctrl-C or `docker stop` during the first minute: the start is cut short (the exit used to wait

@@ -11,29 +11,12 @@ import pytest
 
 from chat.errors import InputError, PresetError, SettingsError, Stopped
 from chat.live import ReplyStore
-from chat.presets import load_presets
-from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting, Writing
+from chat.service import Failed, Finished, ReplyRequest, Waiting, Writing
 from chat.stats import Finish
+from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - on the stand-in engine
 from tests.test_stream import engine_idle
 
 pytestmark = pytest.mark.engine
-
-
-# The pipeline's tests run on the stand-in engine (tests/stand_in.py); tests/test_stream.py has the
-# reply stream, its stop and its close on the real one.
-@pytest.fixture(scope="session")
-def registry(stand_in_registry):
-    return stand_in_registry
-
-
-@pytest.fixture(scope="session")
-async def engine(stand_in_registry, default_preset):
-    return await stand_in_registry.get(default_preset)
-
-
-@pytest.fixture(scope="session")
-def service(stand_in_registry, default_preset):
-    return ChatService(load_presets(), stand_in_registry, default_preset.name)
 
 
 async def events_of(service, request):

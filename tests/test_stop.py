@@ -22,7 +22,7 @@ from chat import logs
 from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, free_port, small_preset, still_running, wait_ready
 from tests.test_server import in_session
 
-pytestmark = pytest.mark.app
+pytestmark = [pytest.mark.app, pytest.mark.real_engine]
 
 PRESET = "Stop test"
 STOPS_WITHIN_S = 30.0  # a bound for a busy machine; it takes 3-7 s on the 2-core Xeon

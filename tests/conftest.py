@@ -393,7 +393,7 @@ def pytest_runtest_call(item: pytest.Item) -> None:
             return
 
 
-RESUME_GRACE_S = 10  # the shared app's: shorter than the longest reply the embedded model writes
+RESUME_GRACE_S = 5  # the shared apps': shorter than their longest replies (1,000 tokens: 30 s on the stand-in)
 LEFT_BEHIND_WITHIN_S = 15.0  # after a test, its engine requests must be gone within this (aborts take a moment)
 PROBLEM_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
 

@@ -17,8 +17,13 @@ Each reply goes through the one reply pipeline (`ChatService.reply`) in a server
 writes its events into a `ReplyLog` (chat/live.py); sockets only follow logs. So a connection
 that drops (no close frame) leaves its replies running for `grace_s`, and a client that reconnects
 resumes from the last delta it got without generating twice. Closing the socket cleanly, or nobody
-resuming in time, aborts the engine request. Request ids are shared by all connections (that is
-what makes resuming possible): clients should pick unguessable ids; `chat.client` uses random ones.
+resuming in time, aborts the engine request.
+
+Request ids are the visitor's own (`chat.voters.visitor_of`: the signed voter cookie the socket
+carries, else its address, IPv6 by its /64): resuming, watching and cancelling find only the replies
+that visitor started, on any of their sockets, and another visitor's id is unknown (an id in use by
+someone else is free to reuse: it starts a reply of one's own). The page's socket carries the page's
+cookie, so it follows what the page's Gradio events write.
 """
 
 from __future__ import annotations
@@ -54,15 +59,12 @@ from chat.errors import UNEXPECTED_ERROR, ChatError, Stopped
 from chat.history import clean_text
 from chat.live import ReplyLog, ReplyStore
 from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting
+from chat.voters import visitor_of
 
 log = logging.getLogger(__name__)
 
 MAX_RUNNING_PER_SOCKET = 8
 MAX_WATCHING_PER_SOCKET = 32  # a page follows its chat's reply and Compare's columns over one socket
-
-
-def stop_key(request_id: str) -> str:
-    return f"api:{request_id}"
 
 
 def reply_request(request: ChatRequest, key: str) -> ReplyRequest:
@@ -122,6 +124,7 @@ class Connection:
 
     def __init__(self, websocket: WebSocket, service: ChatService, store: ReplyStore, grace_s: float) -> None:
         self.websocket = websocket
+        self.visitor = visitor_of(websocket)  # whose replies this socket starts and finds
         self.service = service
         self.store = store
         self.grace_s = grace_s
@@ -159,8 +162,7 @@ class Connection:
             if isinstance(request, ChatRequest):
                 self.start(request)
             elif isinstance(request, CancelRequest):
-                self.running_log(request.id)  # refuses ids that are not running
-                self.service.stop(stop_key(request.id))
+                self.service.stop(self.running_log(request.id).stop_key)  # refuses ids that are not running
             elif isinstance(request, WatchRequest):
                 self.watch(request)
             elif isinstance(request, BeginRequest):
@@ -175,14 +177,15 @@ class Connection:
 
     def start(self, request: ChatRequest) -> None:
         request_id = request.id or f"api-{uuid.uuid4().hex}"
-        earlier = self.store.get(request_id)
+        earlier = self.store.get(self.visitor, request_id)
         if earlier is not None and earlier.running:
             raise ApiError("duplicate_id", f"A reply with id {request_id!r} is still running; use a new id or cancel it first.")
         self.check_room()
-        reply_log = ReplyLog(request_id)
+        reply_log = ReplyLog(request_id, self.visitor)
         reply_log.owner = self
+        reply_log.stop_key = f"api:{uuid.uuid4().hex}"  # its own: another visitor's reply may have the same id
         reply_log.task = asyncio.get_running_loop().create_task(
-            generate(self.service, reply_log, reply_request(request, stop_key(request_id))), name=f"api reply {request_id}"
+            generate(self.service, reply_log, reply_request(request, reply_log.stop_key)), name=f"api reply {request_id}"
         )
         self.store.add(reply_log)
         self.follow(reply_log, 0)
@@ -192,15 +195,15 @@ class Connection:
             raise ApiError("busy", f"At most {MAX_RUNNING_PER_SOCKET} replies can run at once on one connection; wait for one to finish.")
 
     def begin(self, request: BeginRequest) -> None:
-        if self.store.get(request.id) is not None:
+        if self.store.get(self.visitor, request.id) is not None:
             raise ApiError("duplicate_id", f"There is already a reply with id {request.id!r}; use a new id.")
         self.check_room()
         asked = ReplyRequest(request.message, request.history, preset=request.preset,
                              system_prompt=request.system_prompt, sampling=request.sampling)
-        self.follow(live.begin(self.service, self.store, request.id, asked, owner=self), 0)
+        self.follow(live.begin(self.service, self.store, self.visitor, request.id, asked, owner=self), 0)
 
     def resume(self, request: ResumeRequest) -> None:
-        reply_log = self.store.get(request.id)
+        reply_log = self.store.get(self.visitor, request.id)
         if reply_log is None:
             raise ApiError("unknown_id", f"There is no running or recent reply with id {request.id!r}; send the chat request again.")
         reply_log.owner = self
@@ -210,7 +213,7 @@ class Connection:
         self.follow(reply_log, reply_log.position_after(request.after))
 
     def watch(self, request: WatchRequest) -> None:
-        reply_log = self.store.get(request.id)
+        reply_log = self.store.get(self.visitor, request.id)
         if reply_log is None:
             raise ApiError("unknown_id", f"There is no running or recent reply with id {request.id!r}.")
         if sum(1 for t in self._watchers if not t.done()) >= MAX_WATCHING_PER_SOCKET:
@@ -218,7 +221,7 @@ class Connection:
         self.follow(reply_log, reply_log.position_after(request.after), tasks=self._watchers)
 
     def running_log(self, request_id: str) -> ReplyLog:
-        reply_log = self.store.get(request_id)
+        reply_log = self.store.get(self.visitor, request_id)
         if reply_log is None or not reply_log.running:
             raise ApiError("unknown_id", f"No reply with id {request_id!r} is running.")
         return reply_log

@@ -5,6 +5,11 @@ from any position. Finished replies stay in the `ReplyStore` for a while, so a c
 connection dropped gets what it missed without the reply being generated twice. The WebSocket
 API's replies write whole events (chat/api.py).
 
+A reply belongs to the visitor whose request started it (`chat.voters.visitor_of`: the signed voter
+cookie, else the address): the store keeps each under its visitor and id, and every lookup is in the
+asker's own, so another visitor's id is simply unknown there (a page's socket and its Gradio events
+carry the same cookie, so the page finds the replies its turns write).
+
 For a page, Gradio redraws a streaming chat by rebuilding, diffing and sending the whole
 conversation on every update, in the one event loop that also runs the engine's output handler;
 with hundreds of replies at once that work, not the engine, set the pace (bench/frontend.py
@@ -19,8 +24,9 @@ request, the queue (8-11 ms of one stream's first token on the H200, docs/benchm
 and the turn's first redraw. So when a visitor sends a message, the page's script also sends the
 turn's inputs over /chat ("begin", with the id of a live log it picked); the reply starts at once
 (`begin`) and writes its text into that log. When Gradio runs the turn, the turn takes the reply
-over (`claim`) if it was asked for exactly what the turn asks for; otherwise (no script, a failed
-socket, other inputs, a reply already taken) the turn starts its own and the early one is aborted.
+over (`claim`, among its visitor's) if it was asked for exactly what the turn asks for; otherwise
+(no script, a failed socket, other inputs, a reply already taken) the turn starts its own and the
+early one is aborted.
 Until it is claimed the reply belongs to the socket that began it (closing the socket aborts it);
 then to the turn, whose Stop reaches it through `stop`. A reply nobody claims within CLAIM_S is aborted.
 """
@@ -56,10 +62,11 @@ LINE_EVERY_S = 0.1  # the line beneath a page's live reply travels with its text
 
 
 class ReplyLog:
-    """The events of one reply, kept so that any socket can follow them from any point."""
+    """The events of one reply, kept so that any socket of its visitor can follow them from any point."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, visitor: str) -> None:
         self.id = request_id
+        self.visitor = visitor  # whose it is (`chat.voters.visitor_of`): nobody else finds it
         self.events: list[dict[str, Any]] = []
         self.ended_at: float | None = None
         self.task: asyncio.Task[None] | None = None
@@ -68,6 +75,7 @@ class ReplyLog:
         self.cancelled_as = "stopped_by_user"  # the finish reported if its task is cancelled
         self.early: EarlyReply | None = None  # a reply a page began, until its turn claims it
         self.stopped_by: str | None = None  # the stop key of the turn that claimed it: its Stop's
+        self.stop_key: str | None = None  # the key its reply was started with (`ChatService.stop`), its alone
         self._grew = asyncio.Event()
 
     @property
@@ -113,20 +121,21 @@ class ReplyLog:
 
 
 class ReplyStore:
-    """Replies in flight and recently finished, by request id, shared by all connections."""
+    """Replies in flight and recently finished, by visitor and request id: one store for all
+    connections, in which each visitor finds only their own."""
 
     def __init__(self, keep_s: float = KEEP_S, keep_max: int = KEEP_MAX) -> None:
         self.keep_s = keep_s
         self.keep_max = keep_max
-        self._logs: dict[str, ReplyLog] = {}
+        self._logs: dict[tuple[str, str], ReplyLog] = {}
 
-    def get(self, request_id: str) -> ReplyLog | None:
+    def get(self, visitor: str, request_id: str) -> ReplyLog | None:
         self._evict()
-        return self._logs.get(request_id)
+        return self._logs.get((visitor, request_id))
 
     def add(self, reply_log: ReplyLog) -> None:
         self._evict()
-        self._logs[reply_log.id] = reply_log
+        self._logs[(reply_log.visitor, reply_log.id)] = reply_log
 
     def owned_by(self, owner: object) -> list[ReplyLog]:
         return [rl for rl in self._logs.values() if rl.owner is owner and rl.running]
@@ -135,18 +144,26 @@ class ReplyStore:
         return [rl for rl in self._logs.values() if rl.stopped_by == turn_stop_key and rl.running]
 
     def _evict(self) -> None:
+        """Drop finished replies older than keep_s; beyond keep_max, the oldest of whoever keeps the
+        most (so a visitor who ends many replies quickly drops their own, not others')."""
         now = time.monotonic()
-        ended = sorted((rl for rl in self._logs.values() if not rl.running), key=lambda rl: rl.ended_at or 0)
-        for i, reply_log in enumerate(ended):
-            if now - (reply_log.ended_at or now) > self.keep_s or i < len(ended) - self.keep_max:
-                del self._logs[reply_log.id]
+        kept: dict[str, list[ReplyLog]] = {}
+        for reply_log in sorted((rl for rl in self._logs.values() if not rl.running), key=lambda rl: rl.ended_at or 0):
+            if now - (reply_log.ended_at or now) > self.keep_s:
+                del self._logs[(reply_log.visitor, reply_log.id)]
+            else:
+                kept.setdefault(reply_log.visitor, []).append(reply_log)
+        over = sum(map(len, kept.values())) - self.keep_max
+        for _ in range(over):
+            oldest = max(kept.values(), key=len).pop(0)
+            del self._logs[(oldest.visitor, oldest.id)]
 
 
 class LiveText:
     """One reply's text as the page follows it: deltas in a log, Gradio redraws now and then."""
 
-    def __init__(self, store: ReplyStore, redraw_s: float = REDRAW_S, log_id: str | None = None) -> None:
-        self.log = ReplyLog(log_id or f"live-{uuid.uuid4().hex}")
+    def __init__(self, store: ReplyStore, visitor: str, redraw_s: float = REDRAW_S, log_id: str | None = None) -> None:
+        self.log = ReplyLog(log_id or f"live-{uuid.uuid4().hex}", visitor)
         store.add(self.log)
         self.redraw_s = redraw_s
         self.sent = 0  # characters of the reply written into the log
@@ -183,10 +200,6 @@ class LiveText:
 
 CLAIM_S = 120.0  # longer than any wait in Gradio's queue for a turn that was sent with it
 PAGE_LOG_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it begins
-
-
-def stop_key(log_id: str) -> str:
-    return f"early:{log_id}"
 
 
 def same_turn(a: ReplyRequest, b: ReplyRequest) -> bool:
@@ -264,24 +277,27 @@ class EarlyReply:
             self.task.cancel()  # nothing when it has ended
 
 
-def begin(service: ChatService, logs: ReplyStore, log_id: str, request: ReplyRequest, owner: object) -> ReplyLog:
-    """Start the reply a page asked for, into a live log with the page's id (new: the caller checks)."""
-    live = LiveText(logs, log_id=log_id)
+def begin(service: ChatService, logs: ReplyStore, visitor: str, log_id: str, request: ReplyRequest,
+          owner: object) -> ReplyLog:
+    """Start the reply a page asked for, into a live log with the page's id among its visitor's
+    (new: the caller checks)."""
+    live = LiveText(logs, visitor, log_id=log_id)
     live.log.owner = owner
-    live.log.early = EarlyReply(service, dataclasses.replace(request, stop_key=stop_key(log_id)), live)
+    live.log.stop_key = f"early:{uuid.uuid4().hex}"
+    live.log.early = EarlyReply(service, dataclasses.replace(request, stop_key=live.log.stop_key), live)
     return live.log
 
 
-def claim(logs: ReplyStore, log_id: str, request: ReplyRequest) -> EarlyReply | None:
-    """The reply the page began under `log_id`, for the turn that asks `request`; None when there
-    is none to take (then the turn starts its own, and a reply begun for other inputs is aborted)."""
+def claim(logs: ReplyStore, visitor: str, log_id: str, request: ReplyRequest) -> EarlyReply | None:
+    """The reply `visitor`'s page began under `log_id`, for the turn that asks `request`; None when
+    there is none to take (then the turn starts its own, and a reply begun for other inputs is aborted)."""
     if not PAGE_LOG_ID.fullmatch(log_id):
         return None
-    reply_log = logs.get(log_id)
+    reply_log = logs.get(visitor, log_id)
     if reply_log is None:
         # Not begun yet (the socket and Gradio's request are two connections; either may come
         # first): the id is taken now, so that the reply, if it comes, is refused, not left to run.
-        logs.add(tombstone := ReplyLog(log_id))
+        logs.add(tombstone := ReplyLog(log_id, visitor))
         tombstone.end()
     if reply_log is None or (early := reply_log.early) is None:
         metrics.early_reply("missing")
@@ -301,21 +317,21 @@ def stop(service: ChatService, logs: ReplyStore, turn_stop_key: str) -> None:
     """A turn's Stop: the replies given its stop key, and a reply a page began that such a turn took over."""
     service.stop(turn_stop_key)
     for reply_log in logs.claimed_by(turn_stop_key):
-        service.stop(stop_key(reply_log.id))
+        service.stop(reply_log.stop_key)
 
 
 # What a tab hands over: its events, whole; what Gradio should draw comes back.
 
 
-async def live_reply(service: ChatService, logs: ReplyStore, request: ReplyRequest, browser: bool,
+async def live_reply(service: ChatService, logs: ReplyStore, request: ReplyRequest, browser: bool, visitor: str,
                      early: EarlyReply | None = None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
     """The Chat tab's reply as Gradio should draw it: the pipeline's events for `request` (or those of
     the reply the page began, `early`, whose text is in its log already), each with the id of the log
     a page follows (None for a program, which gets every event). For a page (`browser`) every piece of
-    text goes into the log and only the redraws that are due come through. Closing it before the end
-    aborts the reply (the begun one too)."""
+    text goes into a log of `visitor`'s and only the redraws that are due come through. Closing it
+    before the end aborts the reply (the begun one too)."""
     events = early.events() if early is not None else service.reply(request)
-    live = early.live if early is not None else LiveText(logs) if browser else None
+    live = early.live if early is not None else LiveText(logs, visitor) if browser else None
     try:
         async with contextlib.aclosing(events):
             async for event in events:
@@ -331,10 +347,11 @@ async def live_reply(service: ChatService, logs: ReplyStore, request: ReplyReque
 
 
 async def live_columns(send: Callable[[float], AsyncGenerator[CompareEvent, None]], logs: ReplyStore,
-                       browser: bool) -> AsyncGenerator[tuple[Begun | Redraw | Ended, dict[int, str]], None]:
+                       browser: bool, visitor: str) -> AsyncGenerator[tuple[Begun | Redraw | Ended, dict[int, str]], None]:
     """A comparison's turn (`send(every_s)`: `CompareService.send` or `rerun`, asked to redraw a page
     at most every REDRAW_S) as Gradio should draw it, each event with the ids of the logs a page
-    follows, by job (none for a program): for a page, each column's text goes into a log of its own.
+    follows, by job (none for a program): for a page, each column's text goes into a log of its own,
+    `visitor`'s.
     Blind, the line beneath a column is not sent: its figures would tell the columns apart."""
     lives: dict[int, LiveText] = {}
     events = send(REDRAW_S if browser else 0.0)
@@ -348,7 +365,7 @@ async def live_columns(send: Callable[[float], AsyncGenerator[CompareEvent, None
                     continue
                 if isinstance(event, Begun):
                     blind = event.comparison.hides_stats
-                    lives = {id(job): LiveText(logs) for job in event.jobs} if browser else {}
+                    lives = {id(job): LiveText(logs, visitor) for job in event.jobs} if browser else {}
                 yield event, {job: live.log.id for job, live in lives.items()}
     finally:
         for live in lives.values():

@@ -9,9 +9,15 @@ it keeps the cookie, and one that drops the cookie every time is still one addre
     value = keys.issue()                         # "v1.<id>.<signature>", set as the cookie
     keys.voter(value)                            # the id, or None for a value the server did not sign
     Voter.of(keys, request)                      # who cast a vote: the cookie's id and the address
+    visitor_of(request)                          # who sent a request: "voter:<id>", else "address:<address>"
 
 The key lives in a file beside the votes (mode 0600), so the same voter stays the same across
 restarts and across UI workers. Stored votes name voters and addresses only by digests.
+
+A visitor (whose replies a socket may follow: chat/live.py) is the signed voter cookie where the
+request carries one, else its address, an IPv6 address by its /64 (one host gets a whole /64). The
+cookie middleware (`VoterCookie`) decides it once for every HTTP request and WebSocket, and leaves it
+in the request's state, where the WebSocket API and the page's Gradio events alike read it.
 """
 
 from __future__ import annotations
@@ -86,6 +92,39 @@ class Voter:
         return cls(keys.digest("voter", voter), "" if _loopback(host) else keys.digest("address", host))
 
 
+VISITOR = "chat_visitor"  # the name under which VoterCookie leaves a request's visitor in its state
+
+
+def visitor_of(request: Any) -> str:
+    """Who sent a web request (Gradio's or Starlette's, HTTP or WebSocket), as `VoterCookie` found
+    ("voter:<id>" or "address:<address>"); by its address where no VoterCookie saw it."""
+    try:
+        visitor = getattr(request.state, VISITOR, None)
+    except AttributeError:  # no state: a request made in a test
+        visitor = None
+    if isinstance(visitor, str):
+        return visitor
+    return _by_address(str(getattr(getattr(request, "client", None), "host", "") or ""))
+
+
+def _by_address(host: str) -> str:
+    return f"address:{address_group(host)}"
+
+
+def address_group(host: str) -> str:
+    """An address as visitors are told apart by it: IPv4 as it is, IPv6 by its /64 (an IPv4
+    address written as IPv6 is that IPv4 address); anything else as it came."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -94,13 +133,21 @@ def _loopback(host: str) -> bool:
 
 
 class VoterCookie:
-    """ASGI middleware: gives every browser and program without a valid voter cookie a new one."""
+    """ASGI middleware: gives every browser and program without a valid voter cookie a new one, and
+    notes each request's visitor (`visitor_of`): the cookie's voter, else the address (the request
+    that is given a cookie is still its address's; the next one it sends is the voter's)."""
 
     def __init__(self, app: Any, keys: VoterKeys) -> None:
         self.app, self.keys = app, keys
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self._has_one(scope):
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        voter = self._voter(scope)
+        host = str((scope.get("client") or ("",))[0] or "")
+        scope.setdefault("state", {})[VISITOR] = f"voter:{voter}" if voter is not None else _by_address(host)
+        if scope["type"] != "http" or voter is not None:  # a WebSocket's answer sets no cookie
             await self.app(scope, receive, send)
             return
         cookie = (f"{COOKIE}={self.keys.issue()}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Lax").encode()
@@ -112,11 +159,12 @@ class VoterCookie:
 
         await self.app(scope, receive, with_cookie)
 
-    def _has_one(self, scope: dict[str, Any]) -> bool:
+    def _voter(self, scope: dict[str, Any]) -> str | None:
+        """The voter of the request's first valid voter cookie (None: it sent none)."""
         for name, value in scope.get("headers", []):
             if name == b"cookie":
                 for part in value.decode("latin-1").split(";"):
                     key, _, cookie = part.strip().partition("=")
-                    if key == COOKIE and self.keys.voter(cookie) is not None:
-                        return True
-        return False
+                    if key == COOKIE and (voter := self.keys.voter(cookie)) is not None:
+                        return voter
+        return None

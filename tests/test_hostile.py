@@ -268,6 +268,41 @@ async def test_every_event_of_the_page_answers_hostile_inputs_with_a_sentence(ap
     assert not bad, f"{len(bad)} of {sent} answers were not plain:\n" + "\n".join(bad[:30])
 
 
+# Values that pass one component's check and break what comes after it: an index where a list is
+# read ("NaN"[-1] is a character, not a saved chat), a dict where a CheckboxGroup's list is sliced.
+MIXED = ["-1", '"NaN"', "{}", "[[1]]", '{"index": -1}', "1e400", '[{"role": 1}]', "true"]
+
+
+def mixed_payloads(dependency: dict) -> list[tuple[str, str]]:
+    """(name, raw JSON list) of indices and text mixed, shaped for one event."""
+    n = max(len(dependency.get("inputs", [])), 1)
+    rotated = [("mixed, from " + MIXED[k], raw_list([MIXED[(k + i) % len(MIXED)] for i in range(n)])) for k in range(0, len(MIXED), 2)]
+    return [("an index and text", '[-1, "NaN"]'), ("an index and a list", "[-1, [[1]]]"), *rotated]
+
+
+async def test_every_event_called_directly_answers_indices_and_text_mixed_with_a_sentence(app):
+    """Gradio's direct route (`run/predict`) runs any event, queued or not, the lazily made tabs'
+    too: the saved-chat loader given [-1, "NaN"] answered 500 and logged a traceback (Gradio's own
+    check of the chat the loader made of the string), and Compare's preset picker given {} did."""
+    from chat.ui.gradio_errors import BAD_INPUTS
+
+    page = await config(app.url)
+    async with httpx.AsyncClient(limits=LIMITS, timeout=90) as http:
+        lazy_session, lazy = await lazy_dependencies(app.url, page["dependencies"], http)
+        loader = next(d for d in page["dependencies"] if d.get("api_name") == "_load_conversation")
+        response = await http.post(app.url + "gradio_api/run/predict", content=join_body(loader, uuid.uuid4().hex, '[-1, "NaN"]'),
+                                   headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and response.json()["error"] == BAD_INPUTS, response.text
+    requests: list[tuple[str, str, str, Any]] = [
+        (f"run/predict {d['id']} {d.get('api_name') or ''}: {name}", "POST", "gradio_api/run/predict", join_body(d, session, data))
+        for events, session in ((page["dependencies"], uuid.uuid4().hex), (lazy, lazy_session))
+        for d in events for name, data in mixed_payloads(d)]
+    answers = await send_all(app.url, requests)
+    assert len(answers) >= 300
+    bad = problems(answers)
+    assert not bad, f"{len(bad)} of {len(answers)} answers were not plain:\n" + "\n".join(bad[:30])
+
+
 async def test_a_typed_turn_saves_its_chat_over_saved_chats_that_are_junk(app):
     """A typed turn saves the chat in the update that ends it (chat/ui/chat_tab.py), into the saved
     chats the caller sent: anything but a list of chats is replaced by a list holding this chat,

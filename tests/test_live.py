@@ -9,6 +9,7 @@ import asyncio
 import json
 import secrets
 import time
+from types import SimpleNamespace
 
 import pytest
 import websockets
@@ -24,6 +25,9 @@ from tests.test_api import IDLE, events_of, idle, next_error
 from tests.test_browser import send, watch_reply, watch_second_reply
 from tests.test_stream import engine_idle
 
+VISITOR = "voter:0123456789abcdef01234567"  # whose replies these are (chat.voters.visitor_of)
+STRANGER = "address:192.0.2.7"
+
 
 def new_id() -> str:
     return f"live-{secrets.token_hex(16)}"
@@ -32,22 +36,22 @@ def new_id() -> str:
 @pytest.mark.unit
 def test_the_store_keeps_running_replies_and_only_the_latest_finished_ones():
     logs = ReplyStore(keep_s=60, keep_max=2)
-    running, old, *recent = [ReplyLog(f"r{i}") for i in range(5)]
+    running, old, *recent = [ReplyLog(f"r{i}", VISITOR) for i in range(5)]
     for reply_log in (running, old, *recent):
         logs.add(reply_log)
     old.end()
     old.ended_at = time.monotonic() - 61  # finished longer ago than the store keeps replies
     for reply_log in recent:
         reply_log.end()
-    assert logs.get("r1") is None  # too old
-    assert logs.get("r2") is None  # the earliest ended of three, where two are kept
-    assert logs.get("r3") is recent[1] and logs.get("r4") is recent[2]
-    assert logs.get("r0") is running  # never dropped while it runs
+    assert logs.get(VISITOR, "r1") is None  # too old
+    assert logs.get(VISITOR, "r2") is None  # the earliest ended of three, where two are kept
+    assert logs.get(VISITOR, "r3") is recent[1] and logs.get(VISITOR, "r4") is recent[2]
+    assert logs.get(VISITOR, "r0") is running  # never dropped while it runs
 
 
 @pytest.mark.unit
 async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_ends():
-    reply_log = ReplyLog("r")
+    reply_log = ReplyLog("r", VISITOR)
     reply_log.add("progress", status="Starting the engine…")
     for index, text in enumerate(["Hel", "lo", "!"]):
         reply_log.add("delta", text=text, index=index)
@@ -70,8 +74,8 @@ async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_
 @pytest.mark.unit
 def test_live_text_writes_only_the_new_text_and_gradio_redraws_only_when_due():
     logs = ReplyStore()
-    live = LiveText(logs, redraw_s=3600)
-    assert logs.get(live.log.id) is live.log and live.log.id.startswith("live-")
+    live = LiveText(logs, VISITOR, redraw_s=3600)
+    assert logs.get(VISITOR, live.log.id) is live.log and live.log.id.startswith("live-")
     live.write("Hel", "Writing… 0:00")
     live.write("Hel", "Writing… 0:00")  # nothing new: nothing written
     live.write("Hello", None)
@@ -107,11 +111,43 @@ def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_n
     is taken (the socket's `begin` is refused as a duplicate: chat/api.py) and the turn writes its own."""
     logs = ReplyStore()
     log_id = new_id()
-    assert claim(logs, log_id, ReplyRequest("Hi")) is None
-    taken = logs.get(log_id)
+    assert claim(logs, VISITOR, log_id, ReplyRequest("Hi")) is None
+    taken = logs.get(VISITOR, log_id)
     assert taken is not None and not taken.running and taken.early is None
-    assert claim(logs, "live-not-a-page-id", ReplyRequest("Hi")) is None
-    assert logs.get("live-not-a-page-id") is None  # ids a page never picks take nothing
+    assert claim(logs, VISITOR, "live-not-a-page-id", ReplyRequest("Hi")) is None
+    assert logs.get(VISITOR, "live-not-a-page-id") is None  # ids a page never picks take nothing
+
+
+@pytest.mark.unit
+def test_each_visitor_finds_only_their_own_replies_and_a_turn_only_its_own_page_s():
+    """The store's key is the visitor and the id: the same id of two visitors is two replies, and a
+    turn of one visitor neither takes nor spoils a reply another visitor's page began."""
+    logs = ReplyStore()
+    mine, theirs = ReplyLog("r1", VISITOR), ReplyLog("r1", STRANGER)
+    logs.add(mine)
+    logs.add(theirs)
+    assert logs.get(VISITOR, "r1") is mine and logs.get(STRANGER, "r1") is theirs
+    assert logs.get("address:192.0.2.9", "r1") is None
+    begun = ReplyLog(log_id := new_id(), VISITOR)
+    begun.early = early = SimpleNamespace()  # stands for the EarlyReply the page's `begin` made
+    logs.add(begun)
+    assert claim(logs, STRANGER, log_id, ReplyRequest("Hi")) is None
+    assert begun.early is early and logs.get(VISITOR, log_id) is begun  # still there for its own turn
+    for reply_log in (mine, theirs, begun):
+        reply_log.end()
+
+
+@pytest.mark.unit
+def test_a_visitor_who_ends_many_replies_at_once_drops_their_own_finished_ones_not_others():
+    logs = ReplyStore(keep_s=60, keep_max=4)
+    kept = ReplyLog("mine", VISITOR)
+    logs.add(kept)
+    kept.end()
+    for i in range(10):
+        logs.add(flood := ReplyLog(f"f{i}", STRANGER))
+        flood.end()
+    assert logs.get(VISITOR, "mine") is kept
+    assert [i for i in range(10) if logs.get(STRANGER, f"f{i}")] == [7, 8, 9]  # the latest, to make room
 
 
 @pytest.mark.engine
@@ -122,9 +158,9 @@ async def test_a_turn_s_stop_reaches_the_begun_reply_it_took_over_and_no_other(s
     ask = ReplyRequest("Tell me a very long story about dragons.", sampling={"max_tokens": 400, "temperature": 0.7},
                        stop_key="chat:turn")
     log_id = new_id()
-    reply_log = live.begin(service, logs, log_id, ask, owner=object())
+    reply_log = live.begin(service, logs, VISITOR, log_id, ask, owner=object())
     live.stop(service, logs, "chat:turn")  # not claimed yet: the Stop of a turn before this one
-    early = claim(logs, log_id, ask)
+    early = claim(logs, VISITOR, log_id, ask)
     assert early is not None and reply_log.running
     events = []
     async for event in early.events():

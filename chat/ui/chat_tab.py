@@ -27,6 +27,7 @@ from chat.ui.gradio_internals import ChatParts, chat_parts
 from chat.ui.live_script import is_browser
 from chat.ui.messages import conversation_file, event_messages, live_messages
 from chat.ui.preset_card import preset_card
+from chat.voters import visitor_of
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
 async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyRequest, request: gr.Request,
                          early: live.EarlyReply | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
     """The reply as chat messages, from the pipeline or from the reply the page began (`early`)."""
-    async with contextlib.aclosing(live.live_reply(service, logs, ask, is_browser(request), early)) as shown:
+    async with contextlib.aclosing(live.live_reply(service, logs, ask, is_browser(request), visitor_of(request), early)) as shown:
         async for event, live_id in shown:
             yield event_messages(event, live_id)
 
@@ -223,7 +224,7 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
             yield gr.skip(), *unchanged, gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
-        early = live.claim(logs, began, ask) if isinstance(began, str) and began else None
+        early = live.claim(logs, visitor_of(request), began, ask) if isinstance(began, str) and began else None
         asked = [*(history or []), {"role": "user", "content": message}]
         # A reply the page began is under way: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.

@@ -33,7 +33,7 @@ from chat.ui.downloads import new_folder
 from chat.ui.live_script import is_browser
 from chat.ui.messages import PROBLEM
 from chat.ui.tables import Table
-from chat.voters import Voter
+from chat.voters import Voter, visitor_of
 from chat.votes import VoteStore
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class CompareTab:
         record, then the columns as they are written, then the summary, votes and exports. A page
         gets each column's text live (chat/live.py), and Gradio's redraws once a second."""
         jobs: list[Job] = []
-        async with contextlib.aclosing(live_columns(send, self.logs, is_browser(request))) as events:
+        async with contextlib.aclosing(live_columns(send, self.logs, is_browser(request), visitor_of(request))) as events:
             async for event, live_ids in events:
                 if isinstance(event, Begun):
                     board.comparison, jobs = event.comparison, event.jobs

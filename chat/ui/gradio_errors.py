@@ -51,9 +51,10 @@ def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., An
     if getattr(preprocess, "plain_input_errors", False):
         return preprocess
 
-    async def preprocess_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def preprocess_data(self: Any, block_fn: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await preprocess(self, *args, **kwargs)
+            _refuse_unlisted_choices(block_fn, inputs)
+            return await preprocess(self, block_fn, inputs, *args, **kwargs)
         except gradio.Error as exc:  # a component's own check ("Value: … is not in the list of choices: …")
             log.info("Refused an event's inputs: %s", str(exc.message)[:200])
             raise _callers_fault(BAD_INPUTS) from exc
@@ -63,6 +64,17 @@ def _with_plain_input_errors(preprocess: Callable[..., Any]) -> Callable[..., An
 
     preprocess_data.plain_input_errors = True  # type: ignore[attr-defined]
     return preprocess_data
+
+
+def _refuse_unlisted_choices(block_fn: Any, inputs: Any) -> None:
+    """A CheckboxGroup's value must be a list: Gradio checks each item it iterates, so a dict of its
+    choices (`{}` too) would reach the event's function, which slices what it gets."""
+    if not isinstance(inputs, list):
+        return  # Gradio's own check says what is wrong
+    props = getattr(block_fn, "component_prop_inputs", ()) or ()
+    for i, (block, value) in enumerate(zip(getattr(block_fn, "inputs", ()), inputs, strict=False)):
+        if isinstance(block, gradio.CheckboxGroup) and i not in props and not isinstance(value, list):
+            raise TypeError(f"a {type(value).__name__} for a CheckboxGroup, which takes a list")
 
 
 NO_SUCH_EVENT = "There is no event {} on this page; the page's API view (?view=api) lists the endpoints."
@@ -200,7 +212,8 @@ def raised_in_this_app(exc: BaseException) -> bool:
 def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[..., Any]:
     """One step of Gradio's work on an event (`call_function`, `postprocess_data`), with what a
     caller's inputs break inside Gradio's own code (a ChatInterface's history helpers, an event with
-    no server function, outputs a helper made of a conversation of the wrong shape) answered with
+    no server function, outputs a helper made of a conversation of the wrong shape, which Gradio's
+    own checks refuse with an error that would print its traceback) answered with
     BAD_INPUTS, and a ChatError an event let through answered with its own sentence. An error
     raised in this app's own code is a bug: it stays an error, logged with its traceback."""
     if getattr(step, "plain_input_errors", False):
@@ -217,8 +230,14 @@ def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[.
                 log.info("Refused an event's outputs: they cannot be sent as JSON")
                 raise _callers_fault(BAD_INPUTS)
             return result
-        except gradio.Error:
-            raise
+        except gradio.Error as exc:
+            # This app's own sentences never print their traceback; one that does is Gradio's check of
+            # what a caller's inputs made (ChatInterface's saved-chat loader handing a Chatbot the
+            # characters of a string as "messages"), unless it checked this app's own outputs (a bug).
+            if not exc.print_exception or (what == "outputs" and _written_here(block_fn)):
+                raise
+            log.info("Refused an event's %s: %s", what, str(exc.message)[:200])
+            raise _callers_fault(BAD_INPUTS) from exc
         except ChatError as exc:
             log.info("An event ended with: %s", exc.message[:200])
             if exc.callers_fault:

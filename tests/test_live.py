@@ -21,6 +21,7 @@ from chat.service import Finished, ReplyRequest, Writing
 from chat.stats import REPLIED, Finish
 from tests.conftest import early_replies, eventually
 from tests.pages import wait_drawn
+from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - on the stand-in engine
 from tests.test_api import IDLE, events_of, idle, next_error
 from tests.test_browser import send, watch_reply, watch_second_reply
 from tests.test_stream import engine_idle

@@ -28,6 +28,7 @@ from bench.gradio_page import Event, Page, patch, reply_text
 from chat.front_door import COOKIE as STICKY_COOKIE  # the app runs several UI workers (--ui-workers)
 from chat.sampling import KNOB_NAMES
 from chat.ui.messages import PLACEHOLDER as LIVE_PLACEHOLDER
+from chat.voters import COOKIE as VOTER_COOKIE  # who a visitor is: whose replies, votes and share
 
 
 @dataclass
@@ -79,13 +80,17 @@ class Tab:
         self._socket_reader: asyncio.Task[None] | None = None
 
     async def pin(self) -> None:
-        """Take the UI worker the front door gives a newcomer, and keep it, as a browser's own cookie
-        does (the benchmark's tabs share one HTTP client, so one cookie jar: the header wins)."""
+        """Take the UI worker the front door gives a newcomer, and the visitor's cookie the app gives
+        it, and keep both, as a browser's own cookies do, on its requests and its sockets alike (the
+        benchmark's tabs share one HTTP client, so one cookie jar: the header wins)."""
         if self._pinned:
             return
         self._pinned = True
         response = await self.http.get(self.root + "/", headers={"Cookie": ""})  # a page load, as a browser
-        self.headers["Cookie"] = f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"
+        cookies = [f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"]
+        if voter := response.cookies.get(VOTER_COOKIE):
+            cookies.append(f"{VOTER_COOKIE}={voter}")
+        self.headers["Cookie"] = "; ".join(cookies)
 
     async def connect(self) -> None:
         """Open the page's socket, as live.js does when the page loads (a typed message's reply is

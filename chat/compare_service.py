@@ -259,8 +259,9 @@ class CompareService:
                     yield Ended()
                     return
                 news.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(news.wait(), None if due is None else max(0.0, due - loop.time()))
+                with contextlib.suppress(TimeoutError):  # not wait_for, which loses a cancel (chat/stream.py `paced`)
+                    async with asyncio.timeout_at(due):
+                        await news.wait()
         finally:
             for task in tasks:
                 task.cancel()

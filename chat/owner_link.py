@@ -156,15 +156,17 @@ class LinkedRegistry(EngineRegistry):
         while True:
             if engine.held is not None:  # the owner is deciding whether to take it away
                 yield f"Waiting for the engine for {preset.name}…"
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(engine.held.wait(), timeout=every_s)
+                with contextlib.suppress(TimeoutError):  # not wait_for, which loses a cancel (chat/stream.py `paced`)
+                    async with asyncio.timeout(every_s):
+                        await engine.held.wait()
                 if engine.held is None:  # decided: it may be asleep or unloaded now, so ask again
                     engine = self.prepare(preset)
                 continue
             if engine.state is EngineState.STARTING:
                 yield engine.status()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wait_ready(engine), timeout=every_s)
+                    async with asyncio.timeout(every_s):
+                        await wait_ready(engine)
                 continue
             await wait_ready(engine)
             return

@@ -149,7 +149,8 @@ class EngineRegistry:
         while engine.state is EngineState.STARTING:
             yield engine.status()
             try:
-                await asyncio.wait_for(wait_ready(engine), timeout=every_s)
+                async with asyncio.timeout(every_s):  # not wait_for, which loses a cancel (chat/stream.py `paced`)
+                    await wait_ready(engine)
             except TimeoutError:
                 continue
         await wait_ready(engine)

@@ -211,12 +211,17 @@ async def paced(
     last_redraw, shown_text = 0.0, False
     try:
         while not ended.is_set():
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that comes once
+            # what it waits for is done, and a Stop (Gradio's /cancel) arriving with a token was lost:
+            # the reply ran on to its Max tokens, and the /cancel waited for it (tests/test_load.py).
             if not news.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(news.wait(), tick_s)
+                    async with asyncio.timeout(tick_s):
+                        await news.wait()
             if news.is_set() and shown_text and (wait := last_redraw + interval() - loop.time()) > 0:
                 with contextlib.suppress(TimeoutError):  # coalesce, unless the reply ends meanwhile
-                    await asyncio.wait_for(ended.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await ended.wait()
             if ended.is_set():
                 break
             shown_text = shown_text or news.is_set()

@@ -181,3 +181,66 @@ async def test_paced_redraws_show_the_first_token_at_once_and_coalesce_the_rest(
     gaps = [b - a for a, b in zip(redraw_times, redraw_times[1:], strict=False)]
     assert min(gaps) >= 0.24, gaps  # later text waits for the interval: one redraw per 0.25 s at most
     assert reply.stats.generated_tokens == 60
+
+
+class TokenOnCue:
+    """A reply for `paced` with no engine: its stream writes one token (or ends) when told to, and
+    says whether it was cancelled (as Gradio's Stop reaches the real one's)."""
+
+    def __init__(self) -> None:
+        self.cue: asyncio.Queue[str] = asyncio.Queue()
+        self.cancelled = False
+
+    async def stream(self):
+        try:
+            while await self.cue.get() == "token":
+                yield "x"
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    def disconnected(self) -> None:
+        pass
+
+
+async def cancel_with_news(cue: str, steps: int) -> bool | None:
+    """Cancel a reader of `paced` `steps` turns of the event loop after its stream has news (`cue`:
+    a token, or its end while the reader waits out the redraw interval): whether the task ended
+    cancelled, or None when the cancel came after the reader had ended by itself."""
+    loop = asyncio.get_running_loop()
+    reply, drawn, cancelled = TokenOnCue(), asyncio.Event(), loop.create_future()
+
+    async def read() -> None:
+        async for _ in paced(reply, lambda: 0.0 if cue == "token" else 60.0, tick_s=60.0):
+            drawn.set()
+
+    task = asyncio.create_task(read())
+    reply.cue.put_nowait("token")
+    await asyncio.wait_for(drawn.wait(), 5)  # the first redraw: `paced` waits for news now
+    if cue == "end":
+        reply.cue.put_nowait("token")  # news: `paced` waits out the interval, unless the reply ends
+        for _ in range(8):
+            await asyncio.sleep(0)
+
+    def cancel_after(left: int) -> None:
+        if left:
+            loop.call_soon(cancel_after, left - 1)
+        else:
+            cancelled.set_result(task.cancel())  # False once the reader has ended
+
+    reply.cue.put_nowait(cue)
+    cancel_after(steps)
+    if not await cancelled:
+        return None
+    await asyncio.wait({task}, timeout=5)
+    return task.done() and task.cancelled() and (reply.cancelled or cue == "end")
+
+
+@pytest.mark.parametrize("cue", ["token", "end"])
+async def test_a_cancel_that_comes_with_the_news_is_not_lost(cue):
+    # Gradio's /cancel cancels the turn's task whenever it comes, also just as the stream has news
+    # for the reader (a token, its end): a cancel the task took must end it cancelled, whichever step
+    # of the event loop it lands on. Python 3.11's asyncio.wait_for swallowed a cancel that came once
+    # what it waited for was done, and an abandoned reply ran on to its Max tokens (tests/test_load.py).
+    outcomes = [await cancel_with_news(cue, steps) for steps in range(8)]
+    assert outcomes.count(True) >= 2 and False not in outcomes, outcomes

@@ -222,8 +222,9 @@ class CapacityRun:
         """One simulated user: prompt, read the whole reply, prompt again, until the step ends."""
         number = 0
         while not self.stopped and time.monotonic() < tally.ends:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._clear.wait(), max(tally.ends - time.monotonic(), 0))
+            with contextlib.suppress(TimeoutError):  # not wait_for, which may lose a Stop (chat/stream.py `paced`)
+                async with asyncio.timeout(max(tally.ends - time.monotonic(), 0)):
+                    await self._clear.wait()
             if self.stopped or time.monotonic() >= tally.ends:
                 return
             if self.requests >= MAX_REQUESTS:

@@ -67,11 +67,12 @@ class Peer:
     async def ask(self, message: dict[str, Any], within_s: float = ASK_TIMEOUT_S) -> dict[str, Any]:
         """Send a request and wait for the worker's answer (TimeoutError if it does not come)."""
         ident = -next(self._ids)  # negative: the owner's requests; a worker's own are positive
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[ident] = future
         try:
             await self.send({**message, "id": ident})
-            return await asyncio.wait_for(future, within_s)
+            async with asyncio.timeout(within_s):  # not wait_for, which may lose a cancel (chat/stream.py `paced`)
+                return await future
         finally:
             self._waiting.pop(ident, None)
 
@@ -298,7 +299,8 @@ class EngineOwner(EngineRegistry):
     async def _broadcast(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._snapshot_now.wait(), SNAPSHOT_EVERY_S)
+                async with asyncio.timeout(SNAPSHOT_EVERY_S):
+                    await self._snapshot_now.wait()
             self._snapshot_now.clear()
             try:
                 snapshot = self.snapshot()

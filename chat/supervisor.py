@@ -164,8 +164,11 @@ class Supervisor:
                 if not announced and first.ready_at is not None and all(w.state == "serving" for w in self.workers):
                     print(logs.ready_line(default.name, url), flush=True)
                     announced = True
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that comes as
+                # its wait ends (chat/stream.py `paced`).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.look_now.wait(), timeout=CHECK_EVERY_S)
+                    async with asyncio.timeout(CHECK_EVERY_S):
+                        await self.look_now.wait()
                 self.look_now.clear()
             return 0
         finally:

@@ -51,7 +51,7 @@ RETRY_FOR_S = 5
 NO_WORKER = "The app is starting, or restarting a part of itself; try again in a few seconds."
 # Caddy must drop an idle connection to a worker before the worker does, or a request sent on it
 # just then is reset and answered 502 (seen on the H200 with bursts of 256, when workers kept one 5 s,
-# uvicorn's default; they now keep one 20 s: chat/ui/gradio_internals.py, item 8).
+# uvicorn's default; they now keep one 20 s: chat/ui/gradio_internals.py, item 6).
 UPSTREAM_IDLE_S = 3
 
 

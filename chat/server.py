@@ -290,8 +290,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
     from chat.auth import LoginLimit
     from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD, live_script
-    from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
-    from chat.ui.gradio_internals import serve_on, warm_event_path
+    from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors, serve_on, warm_event_path
     from chat.ui.page_shell import PageShell, shell_of
     from chat.ui.style import THEME
     from chat.voters import VoterCookie

@@ -4,8 +4,15 @@ the app with it)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
+import sys
+import types
+from pathlib import Path
 
+import gradio
+import gradio as gr
 import pytest
 from gradio.components import State, Textbox
 from gradio.state_holder import SessionState
@@ -14,8 +21,12 @@ from chat.live import ReplyStore
 from chat.monitor import Monitor
 from chat.presets import load_presets
 from chat.registry import EngineRegistry
+from chat.sampling import KNOB_NAMES
 from chat.service import ChatService
-from chat.ui import build_ui, gradio_internals
+from chat.ui import build_ui, gradio_errors, gradio_internals
+from chat.ui.components import PlainSlider
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class GradioSession(SessionState):
@@ -133,22 +144,210 @@ def test_an_untested_gradio_is_refused_with_what_to_install(version, accepted):
 
 
 def test_what_gradio_does_first_in_every_event_is_done_at_start(monkeypatch):
-    """Item 7: Gradio still enters matplotlib's backend manager around every event (importing
-    matplotlib where installed), and warm_event_path does it once, at start."""
-    import inspect
-
+    """Not a reach-in (no Gradio name is used): Gradio still enters matplotlib's backend manager
+    around every event, and warm_event_path does what it does (import matplotlib, switch the backend
+    to "agg" and back) once, at start. Should Gradio stop, the warm-up is only wasted."""
     from gradio import route_utils, utils
 
-    assert "MatplotlibBackendMananger()" in inspect.getsource(route_utils.call_process_api)
-    entered: list[str] = []
-
-    class Manager:
-        def __enter__(self) -> None:
-            entered.append("enter")
-
-        def __exit__(self, *exc: object) -> None:
-            entered.append("exit")
-
-    monkeypatch.setattr(utils, "MatplotlibBackendMananger", Manager)
+    name = "gradio.utils.MatplotlibBackendMananger"
+    gradio_has(name, "MatplotlibBackendMananger()" in inspect.getsource(route_utils.call_process_api),
+               "entered by route_utils.call_process_api around every event")
+    gradio_has(name, 'matplotlib.use("agg")' in inspect.getsource(utils.MatplotlibBackendMananger),
+               'switches matplotlib\'s backend to "agg"')
+    used: list[str] = []
+    matplotlib = types.ModuleType("matplotlib")  # installed or not, as Gradio's manager would find it
+    matplotlib.get_backend = lambda: "the backend before"  # type: ignore[attr-defined]
+    matplotlib.use = lambda backend, *args, **kwargs: used.append(backend)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
     gradio_internals.warm_event_path()
-    assert entered == ["enter", "exit"]
+    assert used == ["agg", "the backend before"]
+
+
+# One test per private name the adapter uses (gradio_internals.py's numbered items): each fails naming
+# it and the installed Gradio, so an upgrade says at once what to look at.
+
+def gradio_has(name: str, ok: object, shape: str) -> None:
+    assert ok, (f"Gradio {gradio.__version__} changed {name}, which chat/ui/gradio_internals.py uses: "
+                f"expected {shape}")
+
+
+def parameters(fn: object) -> list[str]:
+    return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+
+def test_item_1_session_state_as_replaced(page):
+    for name, wanted in (("__init__", ["self", "blocks"]), ("__setitem__", ["self", "key", "value"]),
+                         ("_update_value_in_config", ["self", "key", "value"])):
+        method = gradio_internals.GRADIO_METHODS[name]
+        gradio_has(f"SessionState.{name}", parameters(method) == wanted, f"parameters {wanted}")
+    theirs = GradioSession(page)
+    for name in ("blocks_config", "config_values", "state_data", "_state_ttl"):
+        gradio_has(f"SessionState.{name}", hasattr(theirs, name), "an attribute of every session")
+    gradio_has("SessionState._state_ttl", isinstance(theirs._state_ttl, dict), "a dict of (time_to_live, set at)")
+    textbox = first(page, Textbox)
+    gradio_has("BlocksConfig.config_for_block", parameters(theirs.blocks_config.config_for_block)[:3]
+               == ["_id", "rendered_ids", "block"], "config_for_block(id, rendered_ids, block)")
+    gradio_has("BlocksConfig.blocks", textbox in theirs.blocks_config.blocks, "a dict of id -> block")
+
+
+def test_item_1_queue_reads_the_analytics_frequency():
+    from gradio import queueing
+
+    name = "GRADIO_ANALYTICS_CACHE_FREQUENCY"
+    gradio_has(name, name in inspect.getsource(queueing.Queue.__init__), "read by Queue.__init__")
+
+
+def test_item_2_chat_interface_parts():
+    with gr.Blocks():
+        chat = gr.ChatInterface(lambda message, history: "hi", save_history=True)
+    for name in ("chatbot_state", "conversation_id", "saved_conversations", "new_chat_button", "chat_history_dataset"):
+        gradio_has(f"ChatInterface.{name}", hasattr(chat, name), "an attribute of a ChatInterface with save_history")
+    gradio_has("ChatInterface._save_conversation", parameters(chat._save_conversation)
+               == ["index", "conversation", "saved_conversations"], "(index, conversation, saved_conversations)")
+    gradio_has("ChatInterface.new_chat_button.parent", isinstance(chat.new_chat_button.parent, gr.Column),
+               "the column of New chat and the saved chats")
+    parts = gradio_internals.chat_parts(chat, new_chat_id="n", saved_list_id="s", column_id="c")
+    assert (parts.new_chat.elem_id, parts.saved_list.elem_id, chat.new_chat_button.parent.elem_id) == ("n", "s", "c")
+    assert parts.save(None, [{"role": "user", "content": "hello"}], [])[0] == 0
+
+
+def test_item_2_a_chat_interface_without_its_parts_is_refused_by_name():
+    with pytest.raises(gradio_internals.UntestedGradio, match="chatbot_state"):
+        gradio_internals.chat_parts(object(), new_chat_id="n", saved_list_id="s", column_id="c")  # type: ignore[arg-type]
+
+
+def test_item_2_the_chatbots_round_trip():
+    chatbot = gr.Chatbot()
+    saved = gradio_internals.as_saved(chatbot, [{"role": "user", "content": "hi"}, gr.ChatMessage("hello", role="assistant")])
+    gradio_has("Chatbot.preprocess(Chatbot.postprocess(...))",
+               [(m["role"], m["content"]) for m in saved] == [("user", [{"type": "text", "text": "hi"}]),
+                                                             ("assistant", [{"type": "text", "text": "hello"}])],
+               "role/content dicts with the text as a list of parts, as the page sends the chat back")
+
+
+def test_item_3_the_login_cookie():
+    from gradio import routes
+
+    source = inspect.getsource(routes)
+    gradio_has("access-token-{cookie_id}", 'f"access-token-{app.cookie_id}"' in source
+               and 'f"access-token-unsecure-{app.cookie_id}"' in source, "the login cookies' names")
+    init = inspect.getsource(routes.App.__init__)
+    gradio_has("App.cookie_id", "self.cookie_id = " in init, "set by App.__init__")
+    gradio_has("App.tokens", "self.tokens = {}" in init, "a dict of token -> user, set by App.__init__")
+
+
+@pytest.mark.parametrize(("name", "wanted"), [("Blocks.preprocess_data", ["self", "block_fn", "inputs"]),
+                                              ("Blocks.call_function", ["self", "block_fn"]),
+                                              ("Blocks.postprocess_data", ["self", "block_fn"])])
+def test_item_4_the_event_steps_as_wrapped(page, name, wanted):
+    step = gradio_errors.GRADIO_STEPS[name]
+    gradio_has(name, inspect.iscoroutinefunction(step) and parameters(step)[:len(wanted)] == wanted,
+               f"a coroutine taking {wanted} first")
+    gradio_has(name, getattr(gradio.Blocks, name.split(".")[1]) is not step, "looked up on Blocks at call time")
+
+
+def test_item_4_block_functions():
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        box.submit(lambda text: text, [box], [box])
+    block_fn = demo.fns[0]
+    for name in ("inputs", "component_prop_inputs", "fn"):
+        gradio_has(f"BlockFunction.{name}", hasattr(block_fn, name), "an attribute of an event's BlockFunction")
+    gradio_has("BlockFunction.inputs", block_fn.inputs == [box], "the event's input components")
+
+
+def test_item_5_the_event_lookup(page):
+    from gradio import queueing, route_utils, routes
+
+    get_fn = gradio_errors.GRADIO_STEPS["route_utils.get_fn"]
+    gradio_has("route_utils.get_fn", parameters(get_fn) == ["blocks", "api_name", "body"], "get_fn(blocks, api_name, body)")
+    gradio_has("route_utils.get_fn", "route_utils.get_fn(" in inspect.getsource(routes)
+               and "route_utils.get_fn(" in inspect.getsource(queueing), "looked up on route_utils at call time")
+    gradio_has("route_utils.FnIndexInferError", issubclass(route_utils.FnIndexInferError, Exception), "an exception")
+
+
+def test_item_5_the_queues_event_streams(page):
+    from gradio import routes
+
+    queue = page._queue
+    for name in ("pending_messages_per_session", "event_ids_to_events", "pending_event_ids_session"):
+        gradio_has(f"Queue.{name}", hasattr(queue, name) and hasattr(getattr(queue, name), "__contains__"),
+                   "a mapping of the queue's sessions or events")
+    gradio_has("App.get_blocks", callable(getattr(routes.App, "get_blocks", None)), "the app's Blocks")
+    gradio_has("Blocks._queue", page._queue is not None, "the Blocks' queue")
+
+
+def test_item_6_the_server(page):
+    import uvicorn
+    from gradio import blocks, http_server
+
+    server, start_server = gradio_internals.GRADIO_SERVER["Server"], gradio_internals.GRADIO_SERVER["start_server"]
+    gradio_has("http_server.Server", issubclass(server, uvicorn.Server) and parameters(server.__init__)[:2]
+               == ["self", "config"], "a uvicorn.Server taking its Config first")
+    gradio_has("http_server.Server", "Server(" in inspect.getsource(start_server), "made by start_server")
+    gradio_has("http_server.start_server", parameters(start_server)[:3] == ["app", "server_name", "server_port"],
+               "start_server(app, server_name, server_port, ...)")
+    gradio_has("http_server.start_server", "http_server.start_server(" in inspect.getsource(blocks.Blocks.launch),
+               "called by Blocks.launch, looked up on http_server")
+    gradio_has("http_server.Server", http_server.Server is gradio_internals._PatientServer, "replaced by install()")
+
+
+def test_item_7_a_subclass_drawn_as_its_base():
+    slider = PlainSlider(0, 1)  # made with drawn_as_base
+    gradio_has("Block.is_template", (slider.get_block_name(), slider.get_block_class()) == ("slider", "slider"),
+               "a class with is_template drawn as its base class")
+
+
+def test_item_8_gradio_clients_header():
+    from gradio_client import client
+
+    gradio_has("x-gradio-user", 'headers["x-gradio-user"] = "api"' in inspect.getsource(client),
+               "gradio_client's header on every call")
+
+
+def test_item_9_the_parameters_gradio_reads(page):
+    endpoints = page.get_api_info()["named_endpoints"]
+    names = [parameter["parameter_name"] for parameter in endpoints["/chat"]["parameters"]]
+    gradio_has("__signature__ (inspect.signature)", set(KNOB_NAMES) <= set(names),
+               f"the chat's API to take the knobs by name, got {names}")
+
+
+@pytest.fixture(scope="module")
+def gradios_page() -> str:
+    """Gradio's built page: its scripts and styles, as installed."""
+    assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    return "\n".join(path.read_text(errors="replace") for path in sorted(assets.iterdir()) if path.suffix in (".js", ".css"))
+
+
+@pytest.mark.parametrize("markup", gradio_internals.MARKUP, ids=lambda markup: markup.selector)
+def test_item_10_the_markup_the_page_selects(gradios_page, markup):
+    gradio_has(f"its page's markup `{markup.selector}`", re.search(markup.found_by, gradios_page),
+               f"/{markup.found_by}/ in its built page, which {markup.used_in} selects")
+    assert markup.selector in (ROOT / markup.used_in).read_text(encoding="utf-8"), \
+        f"MARKUP lists {markup.selector!r} for {markup.used_in}, which no longer selects it: drop it from the list"
+
+
+ADAPTER = {"chat/ui/gradio_internals.py", "chat/ui/gradio_errors.py"}
+DOCUMENTED_MODULES = {"api", "components", "themes"}  # gr.api (docs/gradio/api), custom components' base class, themes
+PRIVATE_USES = re.compile(
+    r"^\s*from gradio[. ]|^\s*import gradio\.|\bgr\.\w+\.\w+\.|\bgr\._|is_template|x-gradio-user|__signature__|"
+    r"new_chat_button|chat_history_dataset|chatbot_state|saved_conversations|_save_conversation|"
+    r"(?<!def )\b(?:pre|post)process\(|access-token|cookie_id|route_utils|http_server|state_holder|\._queue\b",
+    re.MULTILINE,
+)
+
+
+def test_no_module_outside_the_adapter_reaches_into_gradio():
+    """Outside chat/ui/gradio_internals.py and gradio_errors.py, the app imports Gradio as `gr` and
+    uses only names Gradio exports (a component's own `preprocess`/`postprocess` may be defined,
+    as Gradio's guide to custom components does, not called)."""
+    exported = set(gradio.__all__) | DOCUMENTED_MODULES
+    found = []
+    for path in sorted([*(ROOT / "chat").rglob("*.py"), ROOT / "app.py"]):
+        name = str(path.relative_to(ROOT))
+        if name in ADAPTER:
+            continue
+        text = path.read_text(encoding="utf-8")
+        found += [f"{name}: {match[0].strip()}" for match in PRIVATE_USES.finditer(text)]
+        found += [f"{name}: gr.{used}" for used in set(re.findall(r"\bgr\.(\w+)", text)) - exported]
+    assert not found, "Gradio's private names outside its adapter (chat/ui/gradio_internals.py): " + "; ".join(found)

@@ -23,7 +23,7 @@ from chat.sampling import KNOB_NAMES, KNOBS, Knob
 from chat.service import ChatService, ReplyRequest
 from chat.stats import READING
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
-from chat.ui.gradio_internals import ChatParts, chat_parts
+from chat.ui.gradio_internals import ChatParts, as_saved, chat_parts, with_parameters
 from chat.ui.live_script import is_browser
 from chat.ui.messages import conversation_file, event_messages, live_messages
 from chat.ui.preset_card import preset_card
@@ -142,9 +142,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
         elem_id="message", placeholder="Type a message and press Enter", show_label=False,
         submit_btn=True, autofocus=True,
     )
-    parts = chat_parts(chat)
-    chat.new_chat_button.elem_id, chat.chat_history_dataset.elem_id = "new-chat", "saved-chats"  # for the phone's CSS
-    chat.new_chat_button.parent.elem_id = "chat-history"
+    parts = chat_parts(chat, new_chat_id="new-chat", saved_list_id="saved-chats", column_id="chat-history")  # for the phone's CSS
     # The page begins the reply over its socket as it sends the turn (chat/live.py), unless
     # turns wait their turn here: a reply begun at once would not.
     asked = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
@@ -236,7 +234,7 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
                 yield gr.skip(), [*asked, *reply], *unchanged
         done = [*asked, *reply]
         # The server's copy in the form the page sends back (what retry, undo and the saved chats read).
-        copy = chatbot.preprocess(chatbot.postprocess(done))
+        copy = as_saved(chatbot, done)
         # Saved in the same update that ends the turn, not by an event after it: a New chat clicked
         # once the turn is over can no longer be overtaken by the save (which would reopen the old
         # chat on a reload, and send the next message into it).
@@ -324,8 +322,8 @@ def reopen_where_left(chat: gr.ChatInterface, chatbot: gr.Chatbot, parts: ChatPa
         return gr.skip() if current == {"index": index} else {"index": index}
 
     parts.saved.change(follow_save, [parts.conversation_id, shown], [shown], **quiet)
-    chat.new_chat_button.click(None, None, [shown], js="() => ({index: null})", **quiet)  # in the page, at once
-    chat.chat_history_dataset.click(lambda index: {"index": index}, [chat.chat_history_dataset], [shown], **quiet)
+    parts.new_chat.click(None, None, [shown], js="() => ({index: null})", **quiet)  # in the page, at once
+    parts.saved_list.click(lambda index: {"index": index}, [parts.saved_list], [shown], **quiet)
 
     def reopen(shown: Any, saved: Any) -> tuple[Any, Any, Any]:
         index = shown.get("index") if isinstance(shown, dict) else None
@@ -349,7 +347,7 @@ def name_knob_parameters(fn: Callable[..., Any], then: list[str] | None = None) 
     fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
     knobs = [inspect.Parameter(knob.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=knob.kind) for knob in KNOBS]
     more = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in then or []]
-    fn.__signature__ = signature.replace(parameters=[*fixed, *knobs, *more])  # type: ignore[attr-defined]
+    with_parameters(fn, [*fixed, *knobs, *more])
 
 
 def stop_key(request: gr.Request) -> str:

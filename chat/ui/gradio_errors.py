@@ -267,8 +267,15 @@ def _sendable(outputs: object) -> bool:
     return True
 
 
+GRADIO_STEPS: dict[str, Callable[..., Any]] = {}  # Gradio's own, as install() found them (tests check their shape)
+
+
 def install() -> None:
     """Wrap Gradio's input checks, event lookup and event calls; idempotent."""
+    for name, step in (("Blocks.preprocess_data", gradio.Blocks.preprocess_data), ("route_utils.get_fn", route_utils.get_fn),
+                       ("Blocks.call_function", gradio.Blocks.call_function),
+                       ("Blocks.postprocess_data", gradio.Blocks.postprocess_data)):
+        GRADIO_STEPS.setdefault(name, step)
     gradio.Blocks.preprocess_data = _with_plain_input_errors(gradio.Blocks.preprocess_data)
     route_utils.get_fn = _with_plain_unknown_events(route_utils.get_fn)
     gradio.Blocks.call_function = _with_plain_gradio_errors(gradio.Blocks.call_function, "inputs")

@@ -1,70 +1,95 @@
-"""Everything that depends on Gradio's private behaviour, in one place, for the versions it was tested with.
+"""The app's adapter to Gradio: every use of Gradio beyond its documented API, for the versions it
+was tested with. Nothing else in the app uses Gradio's private names; chat/ui/gradio_errors.py,
+installed from here, holds items 4-5. `check_version()` runs at start and refuses a Gradio outside
+TESTED (requirements*.txt pin the same range); tests/test_gradio_internals.py checks each private
+name below still has the shape used, and fails naming it and the Gradio version.
 
-`check_version()` runs at start and refuses a Gradio outside TESTED (requirements*.txt pin the same
-range): each item below reads or replaces something Gradio does not promise to keep.
-
-1. Keep Gradio's per-event bookkeeping that this app does not use off the streaming path. Found by the benchmark on an H200 host (docs/benchmarks.md), where Gradio's event loop, not the
-engine, limited replies at 64 and more streams:
-
-- Per browser session Gradio keeps the configuration of every component on the page
-  (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for this
-  app's ~150 components on a 2-core machine: a burst of 256 new visitors queued 1-3 s of it in front
-  of their first tokens), rebuilds a `gr.State`'s on every event that writes it, and builds each
-  input's on its first event. Only Gradio's deep links read them, and the app has none: here each
-  is built when first read, with the latest value Gradio recorded for it, so a reader sees what
-  Gradio would have built.
-  The stand-in (`LazyBlockConfigs`) behaves as the dict Gradio built for every dict operation.
-- After every finished event Gradio rebuilds a pandas summary of up to 10,000 past events for its
-  optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
-  /metrics and Monitor tab cover this).
-- With `status_update_rate="auto"` every event that starts sends a queue-position update to every
-  event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here).
+1. Gradio's per-event bookkeeping that this app does not use, kept off the streaming path. Found by
+   the benchmark on an H200 host (docs/benchmarks.md), where Gradio's event loop, not the engine,
+   limited replies at 64 and more streams:
+   - Per browser session Gradio keeps the configuration of every component on the page
+     (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for
+     this app's ~150 components on a 2-core machine: a burst of 256 new visitors queued 1-3 s of it
+     in front of their first tokens), rebuilds a `gr.State`'s on every event that writes it, and
+     builds each input's on its first event. Only Gradio's deep links read them, and the app has
+     none: here each is built when first read, with the latest value Gradio recorded for it, so a
+     reader sees what Gradio would have built (`SessionState.__init__`, `__setitem__` and
+     `_update_value_in_config` are replaced; they use its `blocks_config.config_for_block`,
+     `state_data` and `_state_ttl`). The stand-in (`LazyBlockConfigs`) behaves as the dict Gradio
+     built for every dict operation.
+   - After every finished event Gradio rebuilds a pandas summary of up to 10,000 past events for its
+     optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
+     /metrics and Monitor tab cover this): the undocumented `GRADIO_ANALYTICS_CACHE_FREQUENCY`
+     defers it for good.
+   - With `status_update_rate="auto"` every event that starts sends a queue-position update to every
+     event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here;
+     a documented setting).
 
 2. The parts of a `ChatInterface` that a message sent outside its own event chain must keep up to
-   date (`chat_parts`): the server's copy of the conversation and the browser's saved chats.
+   date, and the saved chats' column the page's CSS lays out (`chat_parts`: `chatbot_state`,
+   `conversation_id`, `saved_conversations`, `_save_conversation`, `new_chat_button` and its
+   `parent`, `chat_history_dataset`); and the form the page sends a chat back in, which they hold
+   (`as_saved`: the Chatbot's own `preprocess(postprocess(...))`).
 
-3. The login cookie of Gradio's own login page (`access-token-{cookie_id}`), which the app's routes
-   (the WebSocket API, /metrics) accept as well as HTTP Basic credentials (chat/auth.py).
-
-4-5 live in chat/ui/gradio_errors.py (installed from here):
+3. The login cookie of Gradio's own login page (`access-token-{cookie_id}`, `App.cookie_id`,
+   `App.tokens`), which the app's routes (the WebSocket API, /metrics) accept as well as HTTP Basic
+   credentials (chat/auth.py).
 
 4. An event called with inputs that do not fit it (too few, or a component's own check fails, e.g.
    chat messages in the wrong shape) is answered with one sentence (`BAD_INPUTS`) instead of the
-   traceback Gradio writes to the log for it (`Blocks.preprocess_data`).
+   traceback Gradio writes to the log for it; so are a caller's inputs that break Gradio's own event
+   functions (`Blocks.preprocess_data`, `call_function`, `postprocess_data` are wrapped; they read
+   a `BlockFunction`'s `inputs`, `component_prop_inputs` and `fn`).
 
 5. A request naming an event that is not there (an unknown `fn_index` or API name) gets a 404 and a
-   sentence instead of a 500 and a traceback (`route_utils.get_fn`); a body that does not fit
-   Gradio's request models gets a 422 and one sentence (`plain_request_errors`), not FastAPI's
-   list of errors that echoes the whole body back.
+   sentence instead of a 500 and a traceback (`route_utils.get_fn`, `FnIndexInferError`), and so
+   does an event stream for a session or event the queue does not hold (`PlainGradioErrors` reads
+   the queue's `pending_messages_per_session`, `event_ids_to_events`, `pending_event_ids_session`
+   through `App.get_blocks()._queue`). A body that does not fit Gradio's request models gets a 422
+   and one sentence through launch's documented `app_kwargs` (`plain_request_errors`).
 
-6. A UI worker listens on a socket its supervisor bound and keeps (`serve_on`), instead of Gradio
-   binding the port itself (`http_server.start_server`): a port picked by one process and bound
-   later by another could be taken in between by any local program, which the front door would then
-   send visitors to.
+6. Gradio's server (`http_server.Server`, made by `http_server.start_server`):
+   - A UI worker listens on a socket its supervisor bound and keeps (`serve_on`), instead of Gradio
+     binding the port itself: a port picked by one process and bound later by another could be
+     taken in between by any local program, which the front door would then send visitors to.
+   - uvicorn, which Gradio serves with, closes a connection idle for 5 s: exactly as long as httpx
+     (and so gradio_client) keeps one, so a request such a client sends just then is reset
+     unanswered (a browser sends it again; those clients raise). Gradio has no setting for it:
+     `_PatientServer` keeps one `IDLE_CONNECTION_S`, longer than the usual programs keep theirs
+     (httpx 5 s, Node's fetch 4 s, aiohttp 15 s), so they let go first; not much longer, since every
+     idle connection holds a file descriptor of the app's process. Behind the front door, Caddy lets
+     go first (3 s).
 
-7. Gradio runs every event inside `utils.MatplotlibBackendMananger` (`route_utils.call_process_api`),
-   which imports matplotlib where it is installed (on the H200 host, a dependency of vLLM's): the
-   first event in each process paid for that import, about half a second per UI worker (and the
-   font cache, the first time on a machine). `warm_event_path` pays it at start, before the
-   process serves.
+7. Inputs that hand their values to the chat function unchecked (chat/ui/components.py) are
+   subclasses the browser must draw as the component they extend (`drawn_as_base`: `is_template`).
 
-8. uvicorn, which Gradio serves with, closes a connection idle for 5 s: exactly as long as httpx
-   (and so gradio_client) keeps one, so a request such a client sends just then is reset unanswered
-   (a browser sends it again; those clients raise). Gradio has no setting for it: `_PatientServer`
-   keeps one `IDLE_CONNECTION_S`, longer than the usual programs keep theirs (httpx 5 s, Node's
-   fetch 4 s, aiohttp 15 s), so they let go first; not much longer, since every idle connection holds
-   a file descriptor of the app's process. Behind the front door, Caddy lets go first (3 s).
+8. Gradio's Python client marks its requests with a header (`x-gradio-user: api`): such a caller
+   cannot run the page's script, so it gets every redraw's text (`from_gradio_client`).
+
+9. Gradio reads an event function's parameters with `inspect.signature` (its inputs, where a
+   gr.Request goes, the API's parameter names): the chat's functions take the sampling knobs as
+   `*values` and name them in `__signature__` (`with_parameters`).
+
+10. The page's CSS and scripts select Gradio's markup where they mend or lay it out (Gradio documents
+    `elem_id` and `elem_classes` only): `MARKUP` names each class, attribute and id they rely on.
+
+Not a reach-in, as it uses no Gradio name: Gradio runs every event inside
+`utils.MatplotlibBackendMananger` (`route_utils.call_process_api`), which imports matplotlib where it
+is installed (on the H200 host, a dependency of vLLM's): the first event in each process paid for
+that import, about half a second per UI worker (and the font cache, the first time on a machine).
+`warm_event_path` does the same at start, before the process serves.
 """
 
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import os
 import socket
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import gradio
 from gradio import http_server
@@ -73,10 +98,16 @@ from gradio.state_holder import SessionState
 from starlette.requests import HTTPConnection
 
 from chat.ui import gradio_errors
+from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
+
+__all__ = ["MARKUP", "PLAIN_REQUEST_ERRORS", "TESTED", "ChatParts", "Markup", "PlainGradioErrors", "UntestedGradio", "as_saved",
+           "chat_parts", "check_version", "drawn_as_base", "enable_queue", "from_gradio_client", "install",
+           "login_token", "serve_on", "warm_event_path", "with_parameters"]
 
 log = logging.getLogger(__name__)
+ComponentT = TypeVar("ComponentT", bound=gradio.components.Component)
 
-IDLE_CONNECTION_S = 20  # item 8
+IDLE_CONNECTION_S = 20  # item 6
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
 
@@ -98,6 +129,42 @@ def check_version(version: str = gradio.__version__) -> None:
             f"This app was tested with Gradio {low[0]}.{low[1]}, and Gradio {version} is installed. "
             f"Install a tested version with: pip install '{wanted}' (scripts/setup does)."
         )
+
+
+@dataclass(frozen=True)
+class Markup:
+    """Item 10: a piece of Gradio's markup that the page's CSS or a script selects."""
+
+    selector: str  # as the page writes it, in `used_in`
+    found_by: str  # a regular expression that finds it in Gradio's built page (gradio/templates/frontend)
+    used_in: str
+
+
+MARKUP = (
+    Markup("div.main.app", r"`main fillable[^`]*`[^}]*\bapp:", "chat/ui/style.py"),
+    Markup('.examples[role="list"]', r'class="examples[^"]*" role="list"', "chat/ui/style.py"),
+    Markup('[role="button"] .arrow button', r'role="button"[^>]*><span class="arrow', "chat/ui/style.py"),
+    Markup("button.submit-button", r"submit-button", "chat/ui/style.py"),
+    Markup('[role="tab"][data-tab-id=', r"`data-tab-id`", "chat/ui/style.py"),
+    Markup('[role="tablist"]', r'role="tablist"', "chat/ui/style.py"),
+    Markup('#message textarea', r"<textarea", "chat/ui/style.py"),
+    Markup('ul[role="listbox"]', r'<ul[^>]*role="listbox"', "chat/ui/style.py"),
+    Markup('input[role="combobox"]', r'<input[^>]*role="combobox"', "chat/ui/style.py"),
+    Markup('footer img[alt]', r"<footer", "chat/ui/style.py"),
+    Markup('.user-row textarea', r"\.user-row", "chat/ui/style.py"),
+    Markup('button[aria-label="Submit"]', r'aria-label="Submit"', "chat/ui/style.py"),
+    Markup("> .column >", r"`column \$\{", "chat/ui/style.py"),
+    Markup(".row > .column", r"`row \$\{", "chat/ui/style.py"),
+    Markup('[aria-busy="true"]', r"`aria-busy`", "chat/ui/style.py"),
+    Markup("#saved-chats:not(:has(td))", r"<td", "chat/ui/style.py"),
+    Markup('.vega-embed g[role="graphics-symbol"]', r"graphics-symbol", "chat/ui/style.py"),
+    Markup('[data-testid="block-info"]', r'data-testid="block-info"', "chat/ui/style.py"),
+    Markup("#tab-compare-button", r"elem_id\+`-button`", "chat/ui/__init__.py"),
+    Markup("#saved-file a[download]", r'class="download svelte-', "chat/ui/chat_tab.py"),
+    Markup("#engine-status .md p", r"`md svelte-", "chat/ui/engine_line.js"),
+    Markup("#preset input", r'<input[^>]*role="combobox"', "chat/ui/engine_line.js"),
+    Markup("gradio-app .toast-wrap", r"toast-wrap", "chat/ui/page_shell.py"),
+)
 
 
 def login_token(connection: HTTPConnection) -> str | None:
@@ -309,24 +376,57 @@ def enable_queue(demo: gradio.Blocks) -> None:
 
 @dataclass(frozen=True)
 class ChatParts:
-    """What a ChatInterface keeps beside its Chatbot (private attributes in Gradio 6.31)."""
+    """What a ChatInterface keeps beside its Chatbot (attributes Gradio 6.31 does not document)."""
 
     history: Any  # gr.State: the conversation as the server holds it (retry, undo and edit read it)
     conversation_id: Any  # gr.State: which saved chat this is
     saved: Any  # gr.BrowserState: every saved chat, kept in the browser
     save: Callable[..., Any]  # (conversation_id, history, saved) -> (conversation_id, saved)
+    new_chat: Any  # gr.Button: New chat
+    saved_list: Any  # gr.Dataset: the saved chats, clicked by index
 
 
-def chat_parts(chat: gradio.ChatInterface) -> ChatParts:
-    """The ChatInterface's state holders, refusing clearly if Gradio renamed them."""
+def chat_parts(chat: gradio.ChatInterface, *, new_chat_id: str, saved_list_id: str, column_id: str) -> ChatParts:
+    """Item 2: the ChatInterface's state holders and its saved-chats column (given these elem_ids,
+    for the page's CSS), refusing clearly if Gradio renamed them."""
     try:
-        return ChatParts(chat.chatbot_state, chat.conversation_id, chat.saved_conversations, chat._save_conversation)
+        parts = ChatParts(chat.chatbot_state, chat.conversation_id, chat.saved_conversations, chat._save_conversation,
+                          chat.new_chat_button, chat.chat_history_dataset)
+        column = chat.new_chat_button.parent
     except AttributeError as exc:
         raise UntestedGradio(f"Gradio's ChatInterface changed ({exc}); install gradio>=6.31,<6.32.") from exc
+    parts.new_chat.elem_id, parts.saved_list.elem_id, column.elem_id = new_chat_id, saved_list_id, column_id
+    return parts
+
+
+def as_saved(chatbot: gradio.Chatbot, messages: list[Any]) -> Any:
+    """Item 2: `messages` (dicts or gr.ChatMessage) in the form the page sends the chat back in, which
+    the ChatInterface's history and saved chats hold: the Chatbot's own round trip."""
+    return chatbot.preprocess(chatbot.postprocess(messages))
+
+
+def drawn_as_base(cls: type[ComponentT]) -> type[ComponentT]:
+    """Item 7: a subclass of a Gradio component that the browser draws as the component it extends."""
+    cls.is_template = True
+    return cls
+
+
+def from_gradio_client(request: gradio.Request | None) -> bool:
+    """Item 8: whether Gradio's own Python client sent this request (it says so in a header)."""
+    return request is not None and request.headers.get("x-gradio-user") == "api"
+
+
+def with_parameters(fn: Callable[..., Any], parameters: list[inspect.Parameter]) -> None:
+    """Item 9: Gradio reads `fn`'s parameters (for its inputs, a gr.Request's place and the API's
+    names) as `inspect.signature` gives them: here, `parameters`."""
+    fn.__signature__ = inspect.signature(fn).replace(parameters=parameters)  # type: ignore[attr-defined]
+
+
+GRADIO_SERVER: dict[str, Any] = {"Server": http_server.Server, "start_server": http_server.start_server}  # before install, serve_on
 
 
 class _PatientServer(http_server.Server):
-    """Item 8: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s."""
+    """Item 6: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s."""
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         config.timeout_keep_alive = IDLE_CONNECTION_S
@@ -366,8 +466,13 @@ def serve_on(listener: socket.socket) -> None:
 
 
 def warm_event_path() -> None:
-    """Item 7: blocking; what Gradio's first event in this process would otherwise do first."""
-    from gradio import utils
-
-    with utils.MatplotlibBackendMananger():
-        pass
+    """Blocking; what Gradio's first event in this process would otherwise do first (not a reach-in:
+    Gradio's own names are not used, see the note above): import matplotlib, where installed, and
+    switch its backend to "agg" and back, as Gradio's `utils.MatplotlibBackendMananger` does."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    backend = matplotlib.get_backend()
+    matplotlib.use("agg")
+    matplotlib.use(backend)

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from chat.ui.gradio_internals import from_gradio_client
 from chat.ui.messages import MAY_BECOME
 
 _HERE = Path(__file__).parent
@@ -53,6 +54,6 @@ def routes() -> list[Route]:
 
 
 def is_browser(request: gr.Request | None) -> bool:
-    """A page in a browser runs live.js; Gradio's own client marks its requests as the API's."""
-    return request is not None and request.headers.get("x-gradio-user") != "api"
+    """A page in a browser runs live.js; Gradio's own client says who it is (`from_gradio_client`)."""
+    return request is not None and not from_gradio_client(request)
 

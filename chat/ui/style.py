@@ -1,6 +1,7 @@
 """The page's look: its theme, its own CSS, and attribute mends to Gradio's markup. The layout on
 phones and the Stop button's visibility are the browser's business (no server round trip).
-`demo.launch(theme=THEME, css=CSS, head=HEAD)` applies them."""
+`demo.launch(theme=THEME, css=CSS, head=HEAD)` applies them. What they select of Gradio's own
+markup is listed in chat/ui/gradio_internals.py (`MARKUP`, item 10) and tested against Gradio's page."""
 
 import gradio as gr
 

@@ -1,6 +1,8 @@
-"""A session builds component configurations only when they are read, and then the same ones as
-Gradio's own SessionState would have built (the app's real page; the HTTP and browser tests run
-the app with it)."""
+"""Gradio's adapter (chat/ui/gradio_internals.py): a session builds component configurations only
+when they are read, and then the same ones as Gradio's own SessionState would have built (the app's
+real page; the HTTP and browser tests run the app with it); each private name the adapter uses still
+has the shape it is used in (a failure names it and the Gradio version); and no other module of the
+app uses one."""
 
 from __future__ import annotations
 

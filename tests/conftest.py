@@ -206,9 +206,10 @@ class RunningApp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_in: bool = False) -> RunningApp:
-    """app.py on a free port (on the stand-in engine, tests/stand_in.py, with `stand_in`), started: it
-    serves nothing yet (`wait_ready`)."""
+def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_in: bool = False,
+               new_session: bool = False) -> RunningApp:
+    """app.py on a free port (on the stand-in engine, tests/stand_in.py, with `stand_in`; in a session
+    of its own, as in a terminal, with `new_session`), started: it serves nothing yet (`wait_ready`)."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = OUTPUT / f"{name}-{port}.log"  # concurrent test runs must not share a log
@@ -219,6 +220,7 @@ def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_i
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
+        start_new_session=new_session,
     )
     return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
 

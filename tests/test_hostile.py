@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,16 +83,18 @@ def event_problem(message: dict[str, Any]) -> str | None:
 
 @app_recipe("workers", scope="module")
 def launch_two_workers(folder: Path) -> RunningApp:
-    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them."""
-    return launch_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(folder / "votes.sqlite3"))
+    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them, in a session of
+    their own as in a terminal: the module's last test stops them with a signal to their whole group."""
+    return launch_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(folder / "votes.sqlite3"),
+                      new_session=True)
 
 
 @pytest.fixture(scope="module")
 def workers(request) -> Iterator[RunningApp]:
     app = app_for(request)
     yield app
-    started = psutil.Process(app.process.pid).children(recursive=True)
-    stop_app(app)  # a stop by signal ends everything it started (test_workers.py kills its app instead)
+    started = psutil.Process(app.process.pid).children(recursive=True) if app.process.poll() is None else []
+    stop_app(app)  # stopped already by the module's last test, unless it failed first
     assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
 
 
@@ -604,3 +607,17 @@ async def test_the_login_refuses_hostile_sign_ins_plainly(protected_app):
     assert right.status_code == 429 and right.json()["detail"] == TOO_MANY, right.text  # locked out, plainly
     assert health.status_code == 200 and health.json() == {"status": "ok"}  # and the app still serves
     assert not (problem := logged_problem(protected, start)), "the app logged a problem:\n" + problem
+
+
+def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(workers):
+    """The last of this module's tests of the two-worker app (tests/test_stop.py has one worker): SIGTERM
+    to the whole group, as a container's stop sends it, mid-reply. Before, every worker printed Gradio's
+    "Keyboard interruption" line, and the group's signal reached the engine's processes too. The front
+    door stops first, so the reply's connection is closed (no last event)."""
+    from tests.test_stop import assert_quiet_stop, kill_session, stopped_mid_reply
+
+    try:
+        after, _ = stopped_mid_reply(workers, signal.SIGTERM, preset=PRESET)
+        assert_quiet_stop(workers, after)
+    finally:
+        kill_session(workers)

@@ -1,7 +1,7 @@
 """A quiet stop: Ctrl-C in a terminal sends SIGINT to the app's whole process group, and a stop may
 send SIGTERM to the group too. Either ends the app within seconds, in two lines, with a reply in
-flight, with one UI worker and with several, and leaves nothing running (chat/lifeline.py,
-chat/server.py, chat/supervisor.py). The apps here run in sessions of their own, as in a terminal:
+flight, with one UI worker (here) and with several (tests/test_hostile.py's two-worker app ends that
+way), and leaves nothing running (chat/lifeline.py, chat/server.py, chat/supervisor.py). The apps here run in sessions of their own, as in a terminal:
 the other tests stop theirs by signalling the main process only, which never showed what a terminal does."""
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def launch_in_session(name: str, folder: Path, *args: str) -> RunningApp:
     return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
 
 
-def stopped_mid_reply(app: RunningApp, signum: signal.Signals) -> tuple[list[str], dict | None]:
+def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str = PRESET) -> tuple[list[str], dict | None]:
     """Start a long reply over the WebSocket API, signal the app's whole group once it streams, and
     wait for the app's end. The lines it printed after the signal, and the reply's last event other
     than a delta (None when its connection closed first)."""
     last: dict | None = None
     with connect(app.url.replace("http", "ws") + "chat", open_timeout=30) as ws:
-        ws.send(json.dumps({"type": "chat", "id": "long", "preset": PRESET,
+        ws.send(json.dumps({"type": "chat", "id": "long", "preset": preset,
                             "messages": [{"role": "user", "content": "Count from 1 to 500, one number a line."}]}))
         while (event := json.loads(ws.recv(timeout=120)))["type"] != "delta":
             assert event["type"] == "progress", event
@@ -95,17 +95,5 @@ def test_ctrl_c_in_a_terminal_stops_the_app_and_its_reply_in_two_lines(tmp_path)
         after, last = stopped_mid_reply(app, signal.SIGINT)
         assert_quiet_stop(app, after)
         assert last is not None and last["type"] in ("done", "error"), f"the reply did not end: {last}"
-    finally:
-        kill_session(app)
-
-
-def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(tmp_path):
-    """SIGTERM to the whole group with two UI workers behind the front door: before, every worker
-    printed Gradio's "Keyboard interruption" line, and the group's signal reached the engine's
-    processes too. The front door stops first, so the reply's connection is closed (no last event)."""
-    app = wait_ready(launch_in_session("stop-workers", tmp_path, "--ui-workers", "2"))
-    try:
-        after, _ = stopped_mid_reply(app, signal.SIGTERM)
-        assert_quiet_stop(app, after)
     finally:
         kill_session(app)

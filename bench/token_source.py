@@ -95,6 +95,7 @@ class TokenSource:
         self.replies = [(reply, tuple(tokenizer.encode(reply.text, add_special_tokens=False))) for reply in replies]
         self._idle_report = False  # a step is owed that reports nothing running (after an abort)
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+        self.by_priority = vllm_config.scheduler_config.policy == "priority"  # else first come, first served
         self.engine_ranks_managed = [0]  # read by AsyncLLM's stat-logger setup
         self.resources = _Resources()  # AsyncLLM.errored reads resources.engine_dead
         ids = tokenizer.encode(TEXT, add_special_tokens=False)
@@ -118,8 +119,11 @@ class TokenSource:
         record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
                               (params.max_tokens if params is not None else None) or 16, time.monotonic(),
                               script=script, endless=endless, priority=getattr(request, "priority", 0) or 0)
-        # The engine's priority scheduling: a lower value goes first, in order of arrival among equals.
-        after = next((i for i, waiting in enumerate(self._waiting) if waiting.priority > record.priority), None)
+        # The engine's priority scheduling (only with the preset's scheduling_policy: priority, as vLLM's):
+        # a lower value goes first, in order of arrival among equals.
+        after = None
+        if self.by_priority:
+            after = next((i for i, waiting in enumerate(self._waiting) if waiting.priority > record.priority), None)
         if after is None:
             self._waiting.append(record)
         else:
@@ -174,8 +178,9 @@ class TokenSource:
         raise NotSimulated(message)
 
     def _script(self, prompt_token_ids: Any, params: Any) -> tuple[tuple[int, ...], bool]:
-        """The tokens of the reply whose cue comes latest in the prompt (the last user message's, as a
-        rule), or the catch-all reply's, and whether it is endless; none without scripted replies."""
+        """The tokens of the reply whose cue comes latest in the whole prompt (the system prompt and
+        earlier turns count too: the last user message's cue wins only when it is there), or the
+        catch-all reply's, and whether it is endless; none without scripted replies."""
         if not self.replies:
             return (), False
         prompt = self.tokenizer.decode(list(prompt_token_ids))

@@ -64,7 +64,8 @@ class VoterKeys:
         if not value or not isinstance(value, str) or value.count(".") != 2:
             return None
         version, voter, signature = value.split(".")
-        if version != "v1" or not hmac.compare_digest(signature, self._sign(voter)):
+        # compare_digest raises on a str that is not ASCII: a forged cookie is no cookie, not a 500.
+        if version != "v1" or not signature.isascii() or not hmac.compare_digest(signature, self._sign(voter)):
             return None
         return voter
 

@@ -24,6 +24,7 @@ def test_a_voter_cookie_is_the_servers_and_cannot_be_forged_or_edited(tmp_path):
     other = who[:-1] + ("1" if who[-1] == "0" else "0")
     assert keys.voter(f"{version}.{other}.{signature}") is None  # another voter, the same signature
     assert keys.voter(f"{version}.{who}.{'0' * len(signature)}") is None
+    assert keys.voter(f"{version}.{who}.{'é' * len(signature)}") is None  # compare_digest raises on it
     assert keys.voter("anything") is None and keys.voter(None) is None and keys.voter("v1..") is None
     again = VoterKeys.beside(tmp_path / "votes.sqlite3")  # the same key after a restart, or in another worker
     assert again.voter(value) == voter

@@ -294,8 +294,11 @@ async def test_the_client_falls_back_to_the_gradio_api_when_the_socket_is_refuse
         assert fallback.stats["generated_tokens"] == 12 and fallback.stats["finish"] == "max_tokens"
         assert parts == [fallback.text] and fallback.finish == "max_tokens"
         assert " · 12 tokens at " in fallback.summary and fallback.summary.endswith(" · reached the Max tokens limit")
-        # The API and the UI render the same conversation: greedy decoding gives the same words.
+        # The API and the UI render the same conversation with the same settings (the stand-in engine
+        # writes the same words for any prompt with the same cue, so the prompt is compared too).
         assert fallback.text == streamed_text == streamed.text
+        same = ("preset", "sampling", "prompt_tokens", "context_limit")
+        assert {k: fallback.stats[k] for k in same} == {k: streamed.stats[k] for k in same}, (fallback.stats, streamed.stats)
 
 
 def test_the_command_line_client_prints_the_reply_then_the_stats(app_server):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from chat.lifeline import ends_with_parent
 from tests.pages import wait_drawn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,6 +222,9 @@ def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_i
         stderr=subprocess.STDOUT,
         env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
         start_new_session=new_session,
+        # Out of the tests' group, a signal to it (a killed test run) no longer reaches the app: it ends
+        # with the test process instead.
+        preexec_fn=ends_with_parent() if new_session else None,
     )
     return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
 
@@ -354,8 +358,9 @@ def apps_used_by(item: pytest.Item) -> list[str]:
     argument of test_robustness.py is also called `workers`; taking it for test_hostile.py's app
     launched that app for tests that never took it, which kept every later app from launching ahead)."""
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    return [fixture for fixture in sorted(RECIPES.keys() & definitions.keys())
-            if definitions[fixture][-1].func.__module__ == RECIPES[fixture].launch.__module__]
+    named = {marker.args[0] for marker in item.iter_markers("uses_app")}  # asked for only as the test runs
+    return sorted(named | {fixture for fixture in RECIPES.keys() & definitions.keys()
+                           if definitions[fixture][-1].func.__module__ == RECIPES[fixture].launch.__module__})
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -3,6 +3,10 @@ whose subject is not the engine: importing them into the module replaces conftes
 real one, for that module's tests only.
 
     from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - fixtures
+
+Import all three: conftest's session-scoped `engine` and `service` take whichever `registry` the
+first module to ask for them names, so a module that replaced `registry` alone would put them on
+the stand-in for every later module too.
 """
 
 from __future__ import annotations

@@ -98,12 +98,14 @@ def workers(request) -> Iterator[RunningApp]:
     assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
 
 
-@pytest.fixture(params=["one worker", "two workers behind Caddy"])
-def app(request, app_server, workers) -> Iterator[RunningApp]:
-    """The app under attack. `app_server` is named so that conftest's `nothing_left_behind` checks
-    its log after each test; for both apps the log is also checked here, and the app must still chat.
-    `workers` is named too (not asked for only by the second) so that it is launched ahead."""
-    target = app_server if request.param == "one worker" else workers
+@pytest.fixture(params=["one worker", pytest.param("two workers behind Caddy",
+                                                   marks=[pytest.mark.real_engine, pytest.mark.uses_app("workers")])])
+def app(request, app_server) -> Iterator[RunningApp]:
+    """The app under attack: the shared app (on the stand-in engine, so `scripts/test --dev` runs the
+    sweeps too), or two UI workers on the real engine (`uses_app` has that app launched ahead).
+    `app_server` is named so that conftest's `nothing_left_behind` checks its log after each test;
+    for both apps the log is also checked here, and the app must still chat."""
+    target = app_server if request.param == "one worker" else request.getfixturevalue("workers")
     start = target.log_path.stat().st_size
     yield target
     assert still_chats(target), "a normal /chat call failed after the sweep"

@@ -7,7 +7,7 @@ import pytest
 from chat.charts import COLOURS
 from chat.monitor import CHARTS, Monitor, Sample, chart_data, is_quiet, time_axis, window_words
 from chat.ui.monitor_tab import PRESET, TIME, frame, updates
-from tests.stand_in_fixtures import engine, registry  # noqa: F401 - on the stand-in engine
+from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - on the stand-in engine
 
 NOW = 29_833_333 * 60 + 17.0  # 17 s past a whole minute
 BY_FIELD = {chart.field: chart for chart in CHARTS}

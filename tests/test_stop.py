@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from chat import logs
-from tests.conftest import OUTPUT, PROBLEM_LINE, ROOT, RunningApp, free_port, small_preset, still_running, wait_ready
+from tests.conftest import PROBLEM_LINE, RunningApp, launch_app, small_preset, still_running, wait_ready
 from tests.test_server import in_session
 
 pytestmark = [pytest.mark.app, pytest.mark.real_engine]
@@ -33,17 +32,8 @@ def launch_in_session(name: str, folder: Path, *args: str) -> RunningApp:
     """app.py with a small preset in a session of its own, so that its process group is the app's
     alone, as a terminal's foreground group is."""
     small_preset(folder, PRESET, sampling={"temperature": 0.0, "max_tokens": {"default": 400, "max": 512}})
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log_path = OUTPUT / f"{name}-{port}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--presets-dir", str(folder),
-             "--preset", PRESET, "--votes-db", str(folder / "votes.sqlite3"), *args],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"},
-        )
-    return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
+    return launch_app(name, "--presets-dir", str(folder), "--preset", PRESET, "--votes-db",
+                      str(folder / "votes.sqlite3"), *args, new_session=True)
 
 
 def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str = PRESET) -> tuple[list[str], dict | None]:

@@ -1,4 +1,5 @@
-"""The WebSocket API on the real app: a real engine, real sockets, and a proxy that cuts them."""
+"""The WebSocket API on the real app and real sockets, with a proxy that cuts them: on the stand-in
+engine (tests/stand_in.py), but for the resume after a dropped connection, on the real one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from chat.client import ChatApiError, ReplyStream, websocket_url
 from tests.conftest import RESUME_GRACE_S, ROOT, free_port
 
 PRESET = "SmolLM2 135M (CPU)"
-LONG = "Write a very long story about a dragon, at least 2000 words."  # runs to max_tokens at temperature 0
+LONG = "Write a very long story about a dragon, at least 2000 words."  # runs to max_tokens (the stand-in's "long")
 
 
 def chat(request_id: str, content: str, **fields) -> str:

@@ -95,7 +95,7 @@ def test_a_preset_is_chosen_by_name_only(client):
 def test_an_idle_connection_is_kept_longer_than_programs_keep_theirs(app_server):
     """httpx, and so gradio_client, keeps an idle connection 5 s, uvicorn's default too: a request sent
     on it as the server closes it is reset unanswered. The app keeps one 20 s (chat/ui/gradio_internals.py,
-    item 8), so the program always lets go first."""
+    item 6), so the program always lets go first."""
     address = urlsplit(app_server.url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     try:

@@ -1,4 +1,5 @@
-"""The one reply pipeline (`ChatService.reply`) on the real engine: events, Stop, refusals, policy."""
+"""The one reply pipeline (`ChatService.reply`) on the stand-in engine (tests/stand_in.py): events,
+Stop, refusals, policy. The reply stream and its stop on the real engine: tests/test_stream.py."""
 
 from __future__ import annotations
 

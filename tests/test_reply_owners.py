@@ -24,7 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 
 from chat.client import websocket_url
-from chat.voters import COOKIE, VoterCookie, VoterKeys, address_group, visitor_of
+from chat.voters import COOKIE, VISITOR, VoterCookie, VoterKeys, address_group, visitor_of
 from tests.conftest import early_replies
 from tests.test_api import IDLE, chat, deltas, events_of, idle, next_error
 from tests.test_hostile import config, join_body, read_events
@@ -76,6 +76,20 @@ def test_the_cookie_middleware_names_each_request_s_visitor_http_and_websocket(t
             assert ws.receive_text() == "address:203.0.113.5"
     # Without the middleware (a request made in a test): its address.
     assert visitor_of(SimpleNamespace(client=SimpleNamespace(host="2001:db8::7"))) == "address:2001:db8::/64"
+
+
+
+@pytest.mark.unit
+def test_the_chat_tabs_stop_key_is_its_visitors_and_not_the_session_hash_alone():
+    """The session hash is the client's to choose: a stranger who sends a victim's with a Stop stops
+    only a reply of their own (the Stop by key itself: tests/test_service.py)."""
+    from chat.ui.chat_tab import stop_key
+
+    def request(visitor: str) -> SimpleNamespace:
+        return SimpleNamespace(session_hash="s3ss10n", state=SimpleNamespace(**{VISITOR: visitor}))
+
+    assert stop_key(request("voter:a")) == stop_key(request("voter:a"))
+    assert stop_key(request("voter:a")) != stop_key(request("voter:b")) != stop_key(request("address:192.0.2.7"))
 
 
 # --- on the app -------------------------------------------------------------------------------

@@ -351,8 +351,10 @@ def name_knob_parameters(fn: Callable[..., Any], then: list[str] | None = None) 
 
 
 def stop_key(request: gr.Request) -> str:
-    """The Chat tab's Stop stops this browser session's chat reply (not its Compare columns)."""
-    return f"chat:{request.session_hash}"
+    """The Chat tab's Stop stops this browser session's chat reply (not its Compare columns), and only
+    its visitor's: the session hash is the client's to choose, so a stranger who learnt it must not
+    stop the reply with it."""
+    return f"chat:{visitor_of(request)}:{request.session_hash}"
 
 
 def title_of(preset: Preset) -> str:

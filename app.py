@@ -27,11 +27,12 @@ def print_presets(catalog: PresetCatalog) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     # Imported here, not above: a process spawned for the app imports this module first (below),
     # and should leave the app's process group before it spends seconds importing.
-    from chat import logs, settings
+    from chat import lifeline, logs, settings
     from chat.presets import load_presets
 
     args = settings.parse(argv)
     logs.configure(verbose=args.verbose)  # before anything imports vLLM (loading presets does)
+    lifeline.forked_processes_leave_the_group()
     catalog = load_presets(args.presets_dir)
     if args.list_presets:
         print_presets(catalog)
@@ -67,6 +68,7 @@ elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, a
 
     lifeline.leave_terminal_group()  # the app's main process stops it (chat/lifeline.py)
     lifeline.end_with_parent()
+    lifeline.forked_processes_leave_the_group()  # what it forks in turn (vLLM, on a GPU)
 
     from chat import logs
 

@@ -7,8 +7,8 @@ not listen there. Now:
 
 - every process that multiprocessing spawns for the app (the UI workers, vLLM's engine cores and
   their workers, wherever vLLM spawns them: always on a CPU; on a GPU it forks them unless CUDA is
-  initialised, and a forked process runs no watch) imports app.py as `__mp_main__`, which calls
-  `end_with_parent()`: a thread that notices when the process that started this one is gone, and
+  initialised; `forked_processes_leave_the_group` does the same in a forked one) imports app.py as
+  `__mp_main__`, which calls `end_with_parent()`: a thread that notices when the process that started this one is gone, and
   then stops this one as SIGTERM does (each ends what it started in turn), or kills it if that has
   not ended it within `GRACE_S`;
 - Caddy, a program of its own, gets SIGTERM from the kernel when the app's process ends
@@ -65,6 +65,18 @@ def leave_terminal_group() -> None:
     interpreter, a fraction of a second after the engine or worker is started)."""
     with contextlib.suppress(OSError):  # already a session leader: it cannot leave, nor need to
         os.setpgid(0, 0)
+
+
+def forked_processes_leave_the_group() -> None:
+    """On a GPU, vLLM forks its engine cores and their workers (unless CUDA is initialised), and a
+    forked process imports no `__mp_main__`: it leaves the group and watches its parent as it is
+    forked instead. (A subprocess that runs a program, such as Caddy, is not forked this way.)"""
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _forked() -> None:
+    leave_terminal_group()
+    end_with_parent()
 
 
 def ends_with_parent() -> Callable[[], None] | None:

@@ -108,3 +108,28 @@ def test_a_signal_to_the_apps_group_does_not_reach_a_process_that_left_it():
             child.kill()
         app.kill()
         app.wait()
+
+
+FORKS_A_CHILD = """
+import multiprocessing, os
+from chat.lifeline import forked_processes_leave_the_group
+forked_processes_leave_the_group()
+
+def report(pipe):
+    pipe.send((os.getpid(), os.getpgid(0)))
+
+if __name__ == "__main__":
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(target=report, args=(theirs,))
+    child.start()
+    print(os.getpgid(0), *ours.recv(), flush=True)
+    child.join()
+"""
+
+
+def test_a_process_forked_for_the_app_leaves_its_group_too():
+    """vLLM forks its engine cores on a GPU, where no `__mp_main__` runs in them."""
+    done = subprocess.run([sys.executable, "-c", FORKS_A_CHILD], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60, start_new_session=True)
+    group, child, child_group = (int(value) for value in done.stdout.split())
+    assert child_group == child != group, done.stdout + done.stderr

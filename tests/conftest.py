@@ -315,7 +315,7 @@ def stop_app(app: RunningApp) -> None:
 # set-up for app starts before this, ~2 min since, though on two cores the whole run gains less
 # (~40 s: the cores are busy ~80% of the time; docs/testing.md). One app at a time is launched
 # ahead: each holds ~3.6 GB once started.
-SECONDS_PER_TEST = {"unit": 0.05, "engine": 4.0, "app": 5.0, "browser": 8.0}  # each tier's mean here
+SECONDS_PER_TEST = {"unit": 0.06, "engine": 2.7, "app": 3.6, "browser": 5.6}  # each tier's mean (2026-12-05, fresh clone)
 # An app start, with room for the tests it runs beside; TESTS_LAUNCH_AHEAD_S=0 launches each app as
 # its first test needs it (to measure what launching ahead saves).
 LAUNCH_AHEAD_S = float(os.environ.get("TESTS_LAUNCH_AHEAD_S", "60"))

@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(args, catalog)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python app.py`: the app, then the process's end (tests/stand_in.py runs it too)."""
     from chat.lifeline import exit_without_teardown
 
     try:
@@ -63,6 +64,10 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C before the app served: it had started nothing to stop in order
         status = 130
     exit_without_teardown(status)
+
+
+if __name__ == "__main__":
+    run()
 elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, an engine core or its worker
     from chat import lifeline
 

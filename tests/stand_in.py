@@ -75,4 +75,4 @@ if __name__ == "__main__":
     sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
     import app
 
-    sys.exit(app.main())
+    app.run()  # as `python app.py` ends: the stop's lines, no teardown

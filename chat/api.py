@@ -10,11 +10,13 @@ The client sends JSON messages (chat/api_schema.py); every event the server send
     -> {"type": "cancel", "id": "r1"}                               ends it as stopped_by_user
     -> {"type": "resume", "id": "r1", "after": 41}                  after a dropped connection
     -> {"type": "watch", "id": "live-…", "after": 3}                follow a reply without owning it
-    -> {"type": "begin", "id": "live-…", "message": "…", …}         the page's Chat tab: start a reply
-                                                                    its Gradio turn takes over (chat/live.py)
+    -> {"type": "begin", "id": "live-…", "message": "…", …}         the page's Chat tab: start the reply
+                                                                    its Gradio turn follows (chat/live.py)
 
 Each reply goes through the one reply pipeline (`ChatService.reply`) in a server-side task that
-writes its events into a `ReplyLog` (chat/live.py); sockets only follow logs. So a connection
+writes its events into a `ReplyLog` (`chat.live.start`); sockets only follow logs. A reply started
+here belongs to this socket (`begin`'s too); one that a page's Gradio turn started (its `begin` came
+late) belongs to the turn, and the socket only follows it. So a connection
 that drops (no close frame) leaves its replies running for `grace_s`, and a client that reconnects
 resumes from the last delta it got without generating twice. Closing the socket cleanly, or nobody
 resuming in time, aborts the engine request.
@@ -29,7 +31,6 @@ cookie, so it follows what the page's Gradio events write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -55,10 +56,10 @@ from chat.api_schema import (
     error_code,
     plain_validation_error,
 )
-from chat.errors import UNEXPECTED_ERROR, ChatError, Stopped
+from chat.errors import UNEXPECTED_ERROR, ChatError
 from chat.history import clean_text
 from chat.live import ReplyLog, ReplyStore
-from chat.service import ChatService, Failed, Finished, ReplyRequest, Waiting
+from chat.service import ChatService, ReplyRequest
 from chat.voters import visitor_of
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ MAX_RUNNING_PER_SOCKET = 8
 MAX_WATCHING_PER_SOCKET = 32  # a page follows its chat's reply and Compare's columns over one socket
 
 
-def reply_request(request: ChatRequest, key: str) -> ReplyRequest:
+def reply_request(request: ChatRequest) -> ReplyRequest:
     """The pipeline's request for a chat request whose shape is valid.
 
     The last message is the new one (it must be the user's); system messages become the system
@@ -83,40 +84,7 @@ def reply_request(request: ChatRequest, key: str) -> ReplyRequest:
         preset=request.preset,
         system_prompt="\n\n".join(system) if system else None,
         sampling=request.sampling,
-        stop_key=key,
     )
-
-
-async def generate(service: ChatService, reply_log: ReplyLog, request: ReplyRequest) -> None:
-    """Write one reply's events into its log; runs as its own task, apart from any socket."""
-    index = sent = 0
-    try:
-        async with contextlib.aclosing(service.reply(request)) as events:
-            async for event in events:
-                if isinstance(event, Waiting):
-                    reply_log.add("progress", status=event.status)
-                    continue
-                reply = event.reply
-                if reply is not None and len(reply.text) > sent:  # what was written since the last event
-                    reply_log.add("delta", text=reply.text[sent:], index=index)
-                    index, sent = index + 1, len(reply.text)
-                if isinstance(event, Finished):
-                    assert reply is not None and reply.stats is not None
-                    reply_log.add("stats", stats=reply.stats.as_dict())
-                    done = {"notice": reply.notice} if reply.notice else {}
-                    reply_log.add("done", finish=reply.stats.finish.name.lower(), **done)
-                elif isinstance(event, Failed) and isinstance(event.error, Stopped):
-                    reply_log.add("done", finish="stopped_by_user")
-                elif isinstance(event, Failed):
-                    reply_log.add("error", code=error_code(event.error), message=event.error.message)
-    except asyncio.CancelledError:
-        reply_log.add("done", finish=reply_log.cancelled_as)
-        raise
-    except Exception:
-        log.exception("Unexpected error in API request %s", reply_log.id)
-        reply_log.add("error", code="internal", message=UNEXPECTED_ERROR)
-    finally:
-        reply_log.end()
 
 
 class Connection:
@@ -181,13 +149,8 @@ class Connection:
         if earlier is not None and earlier.running:
             raise ApiError("duplicate_id", f"A reply with id {request_id!r} is still running; use a new id or cancel it first.")
         self.check_room()
-        reply_log = ReplyLog(request_id, self.visitor)
-        reply_log.owner = self
-        reply_log.stop_key = f"api:{uuid.uuid4().hex}"  # its own: another visitor's reply may have the same id
-        reply_log.task = asyncio.get_running_loop().create_task(
-            generate(self.service, reply_log, reply_request(request, reply_log.stop_key)), name=f"api reply {request_id}"
-        )
-        self.store.add(reply_log)
+        reply_log = live.start(self.service, self.store, self.visitor, request_id, reply_request(request), owner=self,
+                               started_by="api")
         self.follow(reply_log, 0)
 
     def check_room(self) -> None:
@@ -195,17 +158,25 @@ class Connection:
             raise ApiError("busy", f"At most {MAX_RUNNING_PER_SOCKET} replies can run at once on one connection; wait for one to finish.")
 
     def begin(self, request: BeginRequest) -> None:
-        if self.store.get(self.visitor, request.id) is not None:
-            raise ApiError("duplicate_id", f"There is already a reply with id {request.id!r}; use a new id.")
+        """The page's Chat tab: its reply, started here, or followed where its turn came first and started it."""
+        if (earlier := self.store.get(self.visitor, request.id)) is not None:
+            if earlier.started_by != "turn":
+                raise ApiError("duplicate_id", f"There is already a reply with id {request.id!r}; use a new id.")
+            self.follow(earlier, 0, tasks=self._watchers)
+            return
         self.check_room()
         asked = ReplyRequest(request.message, request.history, preset=request.preset,
                              system_prompt=request.system_prompt, sampling=request.sampling)
-        self.follow(live.begin(self.service, self.store, self.visitor, request.id, asked, owner=self), 0)
+        self.follow(live.start(self.service, self.store, self.visitor, request.id, asked, owner=self,
+                               started_by="page", lines=True), 0)
 
     def resume(self, request: ResumeRequest) -> None:
         reply_log = self.store.get(self.visitor, request.id)
         if reply_log is None:
             raise ApiError("unknown_id", f"There is no running or recent reply with id {request.id!r}; send the chat request again.")
+        if reply_log.started_by == "turn":  # a Gradio turn's: it stays the turn's
+            self.follow(reply_log, reply_log.position_after(request.after), tasks=self._watchers)
+            return
         reply_log.owner = self
         if reply_log.abandon is not None:
             reply_log.abandon.cancel()

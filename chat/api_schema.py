@@ -53,11 +53,12 @@ class WatchRequest(_Strict):
 
 
 class BeginRequest(_Strict):
-    """The page's Chat tab: start the reply to a typed message now, into a live log with the page's id,
-    for the Gradio turn sent with it to take over (chat/live.py). The fields are the turn's own inputs."""
+    """The page's Chat tab: start the reply to a typed message now, under the id the page picked, for
+    the Gradio turn sent with it to follow (chat/live.py); where that turn came first and started it,
+    follow it. The fields are the turn's own inputs."""
 
     type: Literal["begin"]
-    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # live.PAGE_LOG_ID
+    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # live.PAGE_ID
     message: str
     history: list[dict[str, Any]] = []  # the chat as the page holds it (Gradio's messages)
     preset: str | None = None

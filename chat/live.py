@@ -1,34 +1,34 @@
-"""How a reply reaches a socket while it is written: the API's replies and a browser's, Chat and Compare alike.
+"""How a reply is run and reaches those who read it: the API's replies and a page's, Chat and Compare alike.
 
-Each reply writes its events into a `ReplyLog`, apart from any socket; sockets only follow logs,
-from any position. Finished replies stay in the `ReplyStore` for a while, so a client whose
-connection dropped gets what it missed without the reply being generated twice. The WebSocket
-API's replies write whole events (chat/api.py).
+Each reply runs as a task of its own that writes its events into a `ReplyLog`, apart from any
+socket; sockets and Gradio's turns only follow logs, from any position. Finished replies stay in
+the `ReplyStore` for a while, so a client whose connection dropped gets what it missed without the
+reply being generated twice.
 
 A reply belongs to the visitor whose request started it (`chat.voters.visitor_of`: the signed voter
 cookie, else the address): the store keeps each under its visitor and id, and every lookup is in the
 asker's own, so another visitor's id is simply unknown there (a page's socket and its Gradio events
-carry the same cookie, so the page finds the replies its turns write).
+carry the same cookie, so the page finds the replies its turns follow).
 
-For a page, Gradio redraws a streaming chat by rebuilding, diffing and sending the whole
+One reply, one owner, one stop key. `start` runs a reply into a new log for the one thing whose
+going away aborts it (`ReplyLog.owner`: the socket that asked for it, or the Gradio turn that
+did), under the one key that stops it (`ReplyLog.stop_key`). Everything else only reads the log:
+the socket's JSON events (`ReplyLog.follow`), or the pipeline's own typed events, the latest each
+time (`ReplyLog.drawn`), which is how a Gradio turn draws a reply it did not start.
+
+A page's Chat tab: Gradio redraws a streaming chat by rebuilding, diffing and sending the whole
 conversation on every update, in the one event loop that also runs the engine's output handler;
 with hundreds of replies at once that work, not the engine, set the pace (bench/frontend.py
-measures it). So a page's reply goes through `LiveText`: its new text goes into a log, which the
-page's script (chat/ui/live.js) follows over /chat ("watch") and renders as Markdown, and Gradio
-redraws the reply only now and then (`live_reply` for the Chat tab, `live_columns` for a
-comparison, each giving back only the redraws that are due, with the logs' ids). The page's side
-(the box each redraw starts a reply with, live.js, its Markdown parser) is chat/ui/live_script.py.
-
-A typed message used to reach the engine only after Gradio's protocol had run: the turn's join
-request, the queue (8-11 ms of one stream's first token on the H200, docs/benchmarks.md "One stream's first token")
-and the turn's first redraw. So when a visitor sends a message, the page's script also sends the
-turn's inputs over /chat ("begin", with the id of a live log it picked); the reply starts at once
-(`begin`) and writes its text into that log. When Gradio runs the turn, the turn takes the reply
-over (`claim`, among its visitor's) if it was asked for exactly what the turn asks for; otherwise
-(no script, a failed socket, other inputs, a reply already taken) the turn starts its own and the
-early one is aborted.
-Until it is claimed the reply belongs to the socket that began it (closing the socket aborts it);
-then to the turn, whose Stop reaches it through `stop`. A reply nobody claims within CLAIM_S is aborted.
+measures it), and a typed message reached the engine only after Gradio's protocol had run (its
+join request, the queue: 8-11 ms of one stream's first token on the H200, docs/benchmarks.md "One
+stream's first token"). So the page's script (chat/ui/live.js) starts the reply itself over its
+socket as the message is sent (the API's `begin`: the turn's own inputs, with an id the page
+picked), follows its text there and renders it as Markdown; the Gradio turn, sent with that id,
+only follows the reply (`turn_reply`): a box for the text at once, a redraw once a second, the
+stats and the saved chat at the end. A turn whose page has no socket, or whose `begin` has not
+arrived, starts the reply itself under the page's id (a `begin` that comes later follows it). The
+page's side (the box each redraw starts a reply with, live.js, its Markdown parser) is
+chat/ui/live_script.py. Compare's columns are written by the comparison itself (`live_columns`).
 """
 
 from __future__ import annotations
@@ -40,15 +40,14 @@ import logging
 import re
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from chat import metrics
 from chat.api_schema import error_code
 from chat.compare_service import Begun, CompareEvent, Ended, Redraw, Wrote
-from chat.errors import Stopped
-from chat.service import ChatService, Failed, ReplyEvent, ReplyRequest, Writing
+from chat.errors import UNEXPECTED_ERROR, Stopped
+from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest, Waiting, Writing
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +57,25 @@ REDRAW_S = 1.0  # Gradio redraws a page's live reply at most this often (the pag
 LINE_EVERY_S = 0.1  # the line beneath a page's live reply travels with its text at most this often
 
 
-# Each reply's log, the store of them all, and a page's live text in a log.
+# Each reply's log, and the store of them all.
 
 
 class ReplyLog:
-    """The events of one reply, kept so that any socket of its visitor can follow them from any point."""
+    """The events of one reply, kept so that any socket of its visitor can follow them from any point,
+    and the pipeline's latest typed event, for a Gradio turn that draws it."""
 
     def __init__(self, request_id: str, visitor: str) -> None:
         self.id = request_id
         self.visitor = visitor  # whose it is (`chat.voters.visitor_of`): nobody else finds it
         self.events: list[dict[str, Any]] = []
+        self.latest: ReplyEvent | None = None  # the pipeline's last event (`drawn`)
         self.ended_at: float | None = None
         self.task: asyncio.Task[None] | None = None
-        self.owner: object | None = None  # the connection whose closing aborts this reply
+        self.owner: object | None = None  # the one thing whose going away aborts this reply
+        self.started_by = ""  # "page", "turn" or "api" (`start`)
+        self.stop_key: str | None = None  # the one key that stops it (`ChatService.stop`)
         self.abandon: asyncio.TimerHandle | None = None  # set while it waits to be resumed
         self.cancelled_as = "stopped_by_user"  # the finish reported if its task is cancelled
-        self.early: EarlyReply | None = None  # a reply a page began, until its turn claims it
-        self.stopped_by: str | None = None  # the stop key of the turn that claimed it: its Stop's
-        self.stop_key: str | None = None  # the key its reply was started with (`ChatService.stop`), its alone
         self._grew = asyncio.Event()
 
     @property
@@ -113,6 +113,19 @@ class ReplyLog:
                 return
             await grew.wait()
 
+    async def drawn(self) -> AsyncIterator[ReplyEvent]:
+        """The pipeline's events as a reader who may fall behind sees them: the latest each time it
+        changes (each Writing holds the whole reply so far), and always the last."""
+        shown: ReplyEvent | None = None
+        while True:
+            grew = self._grew
+            if self.latest is not shown and self.latest is not None:
+                shown = self.latest
+                yield shown
+            if not self.running:
+                return
+            await grew.wait()
+
     def abort(self) -> None:
         """Nobody will read this reply: cancel it (which aborts the engine request)."""
         if self.task is not None and self.running:
@@ -140,9 +153,6 @@ class ReplyStore:
     def owned_by(self, owner: object) -> list[ReplyLog]:
         return [rl for rl in self._logs.values() if rl.owner is owner and rl.running]
 
-    def claimed_by(self, turn_stop_key: str) -> list[ReplyLog]:
-        return [rl for rl in self._logs.values() if rl.stopped_by == turn_stop_key and rl.running]
-
     def _evict(self) -> None:
         """Drop finished replies older than keep_s; beyond keep_max, the oldest of whoever keeps the
         most (so a visitor who ends many replies quickly drops their own, not others')."""
@@ -159,20 +169,125 @@ class ReplyStore:
             del self._logs[(oldest.visitor, oldest.id)]
 
 
-class LiveText:
-    """One reply's text as the page follows it: deltas in a log, Gradio redraws now and then."""
+# Running a reply into its log.
 
-    def __init__(self, store: ReplyStore, visitor: str, redraw_s: float = REDRAW_S, log_id: str | None = None) -> None:
-        self.log = ReplyLog(log_id or f"live-{uuid.uuid4().hex}", visitor)
-        store.add(self.log)
-        self.redraw_s = redraw_s
+
+def start(service: ChatService, logs: ReplyStore, visitor: str, log_id: str, request: ReplyRequest,
+          owner: object, *, started_by: str, lines: bool = False) -> ReplyLog:
+    """Run the reply `request` asks for into a new log `log_id` among `visitor`'s (new: the caller
+    checks), owned by `owner` and stopped by `request.stop_key` (or a key of its own). With `lines`
+    (a page reads it), deltas carry the line beneath the reply. `started_by` labels the metric."""
+    reply_log = ReplyLog(log_id, visitor)
+    reply_log.owner, reply_log.started_by = owner, started_by
+    reply_log.stop_key = request.stop_key or f"reply:{uuid.uuid4().hex}"  # its own: ids are per visitor
+    request = dataclasses.replace(request, stop_key=reply_log.stop_key)
+    logs.add(reply_log)
+    metrics.reply_started(started_by)
+    reply_log.task = asyncio.get_running_loop().create_task(_run(service, reply_log, request, lines),
+                                                            name=f"reply {log_id}")
+    return reply_log
+
+
+async def _run(service: ChatService, reply_log: ReplyLog, request: ReplyRequest, lines: bool) -> None:
+    """Write one reply's events into its log; runs as its own task, apart from any reader."""
+    text = LiveText(reply_log)
+    try:
+        async with contextlib.aclosing(service.reply(request)) as events:
+            async for event in events:
+                reply_log.latest = event
+                if isinstance(event, Waiting):
+                    reply_log.add("progress", status=event.status)
+                    continue
+                reply = event.reply
+                if reply is not None:
+                    text.write(reply.text, event.line if lines and isinstance(event, Writing) else None)
+                if isinstance(event, Finished):
+                    assert reply is not None and reply.stats is not None
+                    reply_log.add("stats", stats=reply.stats.as_dict())
+                    done = {"notice": reply.notice} if reply.notice else {}
+                    reply_log.add("done", finish=reply.stats.finish.name.lower(), **done)
+                elif isinstance(event, Failed) and isinstance(event.error, Stopped):
+                    reply_log.add("done", finish="stopped_by_user")
+                elif isinstance(event, Failed):
+                    reply_log.add("error", code=error_code(event.error), message=event.error.message)
+    except asyncio.CancelledError:
+        reply_log.add("done", finish=reply_log.cancelled_as)
+        written = reply_log.latest.reply if isinstance(reply_log.latest, Writing | Failed) else None
+        reply_log.latest = Failed(Stopped("Stopped: the page or program that asked for this reply went away."), written)
+        raise
+    except Exception:
+        log.exception("Unexpected error in reply %s", reply_log.id)
+        reply_log.add("error", code="internal", message=UNEXPECTED_ERROR)
+    finally:
+        reply_log.end()
+
+
+PAGE_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it starts (api_schema.BeginRequest)
+
+
+def new_page_id() -> str:
+    return f"live-{uuid.uuid4().hex}"
+
+
+def page_id(value: object) -> str | None:
+    """The id a page's turn names for its reply, where it is one a page would pick (else None)."""
+    return value if isinstance(value, str) and PAGE_ID.fullmatch(value) else None
+
+
+# The Chat tab's turn: it follows the reply its page started, or starts it.
+
+
+async def turn_reply(service: ChatService, logs: ReplyStore, request: ReplyRequest, visitor: str, page_id: str | None,
+                     browser: bool) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
+    """The Chat tab's reply as Gradio should draw it: the pipeline's events, each with the id of the
+    log a page follows (None for a program, which gets every event it can keep up with).
+
+    The reply is the one `visitor`'s page started under `page_id` over its socket, which this only
+    follows; where there is none (no socket, or its `begin` not here yet), this starts it under that
+    id (or a new one) and owns it: closing this before the end then aborts it. For a page only the
+    redraws that are due come through (the first text at once, then every REDRAW_S)."""
+    reply_log = logs.get(visitor, page_id) if page_id else None
+    owned = reply_log is None
+    if reply_log is None:
+        reply_log = start(service, logs, visitor, page_id or new_page_id(), request, owner=asyncio.current_task(),
+                          started_by="turn", lines=browser)
+    drawn_at = float("-inf")
+    try:
+        async for event in reply_log.drawn():
+            if browser and isinstance(event, Writing):
+                if (now := time.monotonic()) - drawn_at < REDRAW_S:
+                    continue
+                drawn_at = now
+            yield event, reply_log.id if browser else None
+    finally:
+        if owned and reply_log.running and reply_log.task is not None:
+            reply_log.abort()
+            await asyncio.wait([reply_log.task])  # its engine request aborted when the turn's close returns
+
+
+def stop(service: ChatService, logs: ReplyStore, visitor: str, turn_stop_key: str, page_id: str | None) -> None:
+    """The Chat tab's Stop: the reply its turn started (`turn_stop_key`), and the one its page started
+    under `page_id`, by that reply's own key."""
+    service.stop(turn_stop_key)
+    if page_id and (reply_log := logs.get(visitor, page_id)) is not None:
+        service.stop(reply_log.stop_key)
+
+
+# The text in a log: a reply's, or a Compare column's.
+
+
+class LiveText:
+    """A reply's text as readers follow it: deltas in a log."""
+
+    def __init__(self, reply_log: ReplyLog) -> None:
+        self.log = reply_log
         self.sent = 0  # characters of the reply written into the log
         self.deltas = 0
-        self._drawn_at = self._line_at = float("-inf")
+        self._line_at = float("-inf")
 
     def write(self, text: str, line: str | None = None) -> None:
         """Add what `text` (the reply so far) has beyond what was written, with the line beneath the
-        reply as it stands now (`line`, where the page may show it: see `messages.live_line`), at most ten
+        reply as it stands now (`line`, where a page may show it: see `messages.live_line`), at most ten
         times a second: a reader sees no more, and hundreds of replies at once would pay for it."""
         if len(text) > self.sent:
             extra = {}
@@ -182,168 +297,10 @@ class LiveText:
             self.log.add("delta", text=text[self.sent:], index=self.deltas, **extra)
             self.sent, self.deltas = len(text), self.deltas + 1
 
-    def redraw_due(self) -> bool:
-        """Whether Gradio should redraw now (the first text at once, then every `redraw_s`)."""
-        now = time.monotonic()
-        if now - self._drawn_at < self.redraw_s:
-            return False
-        self._drawn_at = now
-        return True
-
     def end(self) -> None:
         if self.log.running:
             self.log.add("done")
             self.log.end()
-
-
-# The reply a page begins before its turn.
-
-CLAIM_S = 120.0  # longer than any wait in Gradio's queue for a turn that was sent with it
-PAGE_LOG_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it begins
-
-
-def same_turn(a: ReplyRequest, b: ReplyRequest) -> bool:
-    """Whether two requests ask for the same reply (who asked, and when, aside)."""
-    return (a.message, list(a.history), a.preset, a.system_prompt, a.sampling) == (
-        b.message, list(b.history), b.preset, b.system_prompt, b.sampling)
-
-
-class EarlyReply:
-    """One begun reply: the pipeline's events, kept for the turn that claims it, and its live log."""
-
-    def __init__(self, service: ChatService, request: ReplyRequest, live: LiveText) -> None:
-        self.service = service
-        self.request = request
-        self.live = live
-        self._events: deque[ReplyEvent] = deque()
-        self._arrived = asyncio.Event()
-        self._ended = False
-        loop = asyncio.get_running_loop()
-        self.task = live.log.task = loop.create_task(self._run(), name=f"early reply {live.log.id}")
-        self._expiry: asyncio.TimerHandle | None = loop.call_later(CLAIM_S, self._expire)
-
-    async def _run(self) -> None:
-        failed: Failed | None = None
-        try:
-            async with contextlib.aclosing(self.service.reply(self.request)) as events:
-                async for event in events:
-                    if isinstance(event, Writing):
-                        self.live.write(event.reply.text, event.line)
-                    elif isinstance(event, Failed) and not isinstance(event.error, Stopped):
-                        failed = event
-                    self._events.append(event)
-                    self._arrived.set()
-        finally:
-            self._ended = True
-            self._arrived.set()
-            if failed is not None:  # the socket's sentence (the page shows the turn's)
-                self.live.log.add("error", code=error_code(failed.error), message=failed.error.message)
-                self.live.log.end()
-            self.live.end()
-            if self._expiry is not None:
-                self._expiry.cancel()
-
-    def _expire(self) -> None:
-        self._expiry = None
-        if self.live.log.running:
-            log.info("No turn took over reply %s within %.0f s; aborting it", self.live.log.id, CLAIM_S)
-            metrics.early_reply("unclaimed")
-            self.task.cancel()
-
-    def claimed_by(self, turn_stop_key: str | None) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        self.live.log.owner = None  # the turn's, now: the socket's closing no longer ends it
-        self.live.log.stopped_by = turn_stop_key
-
-    async def events(self) -> AsyncGenerator[ReplyEvent, None]:
-        """The pipeline's events from the first, for the turn that claimed the reply (of several
-        Writing events waiting, only the last: each holds the whole reply so far). Closing it
-        before the end aborts the reply."""
-        try:
-            while True:
-                if not self._events:
-                    if self._ended:
-                        return
-                    self._arrived.clear()
-                    await self._arrived.wait()
-                    continue
-                event = self._events.popleft()
-                while isinstance(event, Writing) and self._events and isinstance(self._events[0], Writing):
-                    event = self._events.popleft()
-                yield event
-        finally:
-            self.task.cancel()  # nothing when it has ended
-
-
-def begin(service: ChatService, logs: ReplyStore, visitor: str, log_id: str, request: ReplyRequest,
-          owner: object) -> ReplyLog:
-    """Start the reply a page asked for, into a live log with the page's id among its visitor's
-    (new: the caller checks)."""
-    live = LiveText(logs, visitor, log_id=log_id)
-    live.log.owner = owner
-    live.log.stop_key = f"early:{uuid.uuid4().hex}"
-    live.log.early = EarlyReply(service, dataclasses.replace(request, stop_key=live.log.stop_key), live)
-    return live.log
-
-
-def claim(logs: ReplyStore, visitor: str, log_id: str, request: ReplyRequest) -> EarlyReply | None:
-    """The reply `visitor`'s page began under `log_id`, for the turn that asks `request`; None when
-    there is none to take (then the turn starts its own, and a reply begun for other inputs is aborted)."""
-    if not PAGE_LOG_ID.fullmatch(log_id):
-        return None
-    reply_log = logs.get(visitor, log_id)
-    if reply_log is None:
-        # Not begun yet (the socket and Gradio's request are two connections; either may come
-        # first): the id is taken now, so that the reply, if it comes, is refused, not left to run.
-        logs.add(tombstone := ReplyLog(log_id, visitor))
-        tombstone.end()
-    if reply_log is None or (early := reply_log.early) is None:
-        metrics.early_reply("missing")
-        return None
-    reply_log.early = None  # claimed once at most
-    if not same_turn(early.request, request):
-        log.info("Reply %s was begun for other inputs than its turn's; aborting it", log_id)
-        metrics.early_reply("other_inputs")
-        early.task.cancel()
-        return None
-    metrics.early_reply("claimed")
-    early.claimed_by(request.stop_key)
-    return early
-
-
-def stop(service: ChatService, logs: ReplyStore, turn_stop_key: str) -> None:
-    """A turn's Stop: the replies given its stop key, and a reply a page began that such a turn took over."""
-    service.stop(turn_stop_key)
-    for reply_log in logs.claimed_by(turn_stop_key):
-        service.stop(reply_log.stop_key)
-
-
-# What a tab hands over: its events, whole; what Gradio should draw comes back.
-
-
-async def live_reply(service: ChatService, logs: ReplyStore, request: ReplyRequest, browser: bool, visitor: str,
-                     early: EarlyReply | None = None) -> AsyncGenerator[tuple[ReplyEvent, str | None], None]:
-    """The Chat tab's reply as Gradio should draw it: the pipeline's events for `request` (or those of
-    the reply the page began, `early`, whose text is in its log already), each with the id of the log
-    a page follows (None for a program, which gets every event). For a page (`browser`) every piece of
-    text goes into a log of `visitor`'s and only the redraws that are due come through. Closing it
-    before the end aborts the reply (the begun one too)."""
-    events = early.events() if early is not None else service.reply(request)
-    live = early.live if early is not None else LiveText(logs, visitor) if browser else None
-    try:
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if live is not None and isinstance(event, Writing):
-                    if early is None:
-                        live.write(event.reply.text, event.line)
-                    if not live.redraw_due():
-                        continue
-                yield event, live.log.id if live is not None else None
-    finally:
-        if live is not None:
-            live.end()
 
 
 async def live_columns(send: Callable[[float], AsyncGenerator[CompareEvent, None]], logs: ReplyStore,
@@ -365,8 +322,15 @@ async def live_columns(send: Callable[[float], AsyncGenerator[CompareEvent, None
                     continue
                 if isinstance(event, Begun):
                     blind = event.comparison.hides_stats
-                    lives = {id(job): LiveText(logs, visitor) for job in event.jobs} if browser else {}
+                    lives = {id(job): column_text(logs, visitor) for job in event.jobs} if browser else {}
                 yield event, {job: live.log.id for job, live in lives.items()}
     finally:
         for live in lives.values():
             live.end()
+
+
+def column_text(logs: ReplyStore, visitor: str) -> LiveText:
+    """A new log of `visitor`'s for one Compare column's text."""
+    reply_log = ReplyLog(new_page_id(), visitor)
+    logs.add(reply_log)
+    return LiveText(reply_log)

@@ -62,12 +62,12 @@ REJECTED = Counter(
     "Requests refused before generating, by reason: busy, input (too long), or the error's kind.",
     ["preset", "reason"],
 )
-EARLY_REPLIES = Counter(
-    "chat_early_replies_total",
-    "Chat-tab replies a page began before Gradio ran the turn (chat/live.py), by what became of "
-    "them: claimed (the turn took it over), other_inputs (the turn asked for something else), unclaimed "
-    "(still running when no turn had taken it over within two minutes), or missing (a turn found none).",
-    ["outcome"],
+REPLIES_STARTED = Counter(
+    "chat_replies_started_total",
+    "Replies run into a log (chat/live.py), by what started them: page (a page's socket, as its Chat tab's "
+    "message was sent), turn (the Chat tab's Gradio turn: no socket, or its page's start not there yet), "
+    "api (a /chat client).",
+    ["started_by"],
 )
 ENGINE_RESTARTS = Counter("chat_engine_restarts_total", "Engines restarted after their process died.", ["preset"])
 UI_WORKER_UP = Gauge("chat_ui_worker_up", "1 while the UI worker serves, 0 while it starts or is replaced.",
@@ -90,8 +90,8 @@ def rejected(preset: str, reason: str) -> None:
     REJECTED.labels(preset, reason).inc()
 
 
-def early_reply(outcome: str) -> None:
-    EARLY_REPLIES.labels(outcome).inc()
+def reply_started(started_by: str) -> None:
+    REPLIES_STARTED.labels(started_by).inc()
 
 
 def _registry() -> CollectorRegistry:

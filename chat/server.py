@@ -240,7 +240,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.owner_link import LinkedRegistry, OwnerLink
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
-    from chat.service import ChatService
+    from chat.service import Admission, ChatService
     from chat.ui import build_ui
     from chat.ui.gradio_internals import UntestedGradio, login_token
     from chat.votes import VoteStore
@@ -265,7 +265,8 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
         registry: EngineRegistry = (LinkedRegistry(link, max_waiting=args.max_waiting) if link is not None else
                                     EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
-        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer)
+        admission = Admission(args.concurrency_limit, args.max_waiting) if args.concurrency_limit > 0 else None
+        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission)
         service.preset(None)
     except PresetError as exc:
         raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc
@@ -273,8 +274,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     reply_logs = ReplyStore()  # one for the tabs and /chat: a page's socket follows what its tabs write
     lab = CapacityLab(service, lease=link) if admins.anyone_can_be else None
     try:
-        demo = build_ui(service, monitor, reply_logs, concurrency_limit=args.concurrency_limit or None, store=store, admins=admins,
-                        lab=lab)
+        demo = build_ui(service, monitor, reply_logs, store=store, admins=admins, lab=lab)
     except UntestedGradio as exc:
         raise Refused(str(exc)) from exc
     return App(service, registry, default, store, reply_logs, login, link, lab, monitor, demo)

@@ -17,15 +17,17 @@ send sampling values, which are checked against that preset's ranges.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chat import metrics
-from chat.engine import Engine
+from chat.engine import BUSY, Engine
 from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, InputError, Stopped
 from chat.history import check_text, to_model_messages
 from chat.pacing import RedrawPacer
@@ -91,6 +93,9 @@ class Failed:
 ReplyEvent = Waiting | Writing | Finished | Failed
 
 
+STOPPED_BEFORE_START = "Stopped by you before the reply started."
+
+
 class _Ticket:
     """One reply in the pipeline, so that Stop reaches it at whatever stage it is."""
 
@@ -98,15 +103,60 @@ class _Ticket:
         self.key = key or ""  # the stop key that reaches it ("": none)
         self.stopped = False
         self.reply: Reply | None = None
+        self.waiting: asyncio.Future[None] | None = None  # its place in line for a slot (`Admission`)
 
     def stop(self) -> None:
         self.stopped = True
         if self.reply is not None:
             self.reply.stop()
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.set_exception(Stopped(STOPPED_BEFORE_START))
 
     def check(self) -> None:
         if self.stopped:
-            raise Stopped("Stopped by you before the reply started.")
+            raise Stopped(STOPPED_BEFORE_START)
+
+
+class Admission:
+    """At most `limit` replies written at once, whichever front end asked (`--concurrency-limit`);
+    the others wait in order, at most `max_waiting` of them (more are refused at once)."""
+
+    def __init__(self, limit: int, max_waiting: int) -> None:
+        self.limit = limit
+        self.max_waiting = max_waiting
+        self.running = 0
+        self._line: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def full(self) -> bool:
+        return self.running >= self.limit
+
+    async def enter(self, ticket: _Ticket) -> None:
+        """Take a slot, waiting for one in line if need be; Stop while waiting raises Stopped."""
+        if not self.full:
+            self.running += 1
+            return
+        if len(self._line) >= self.max_waiting:
+            raise EngineBusy(BUSY)
+        ticket.waiting = asyncio.get_running_loop().create_future()
+        self._line.append(ticket.waiting)
+        try:
+            await ticket.waiting  # its result: a slot handed over by `leave`
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self._line.remove(ticket.waiting)
+            if ticket.waiting.done() and not ticket.waiting.cancelled() and ticket.waiting.exception() is None:
+                self.leave()  # handed a slot just as it went
+            raise
+
+    def leave(self) -> None:
+        """Give the slot to the first in line, if anyone waits."""
+        while self._line:
+            waiter = self._line.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.running -= 1
 
 
 @dataclass
@@ -116,6 +166,7 @@ class ChatService:
     default_preset: str
     has_gpu: bool = False
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
+    admission: Admission | None = None  # None: every reply goes to the engine at once (vLLM batches them)
     _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
 
     # --- presets ---------------------------------------------------------------------------
@@ -152,6 +203,7 @@ class ChatService:
         """
         ticket = self._issue(request.stop_key)
         engine: Engine | None = None
+        admitted: Admission | None = None
         preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
         try:
             preset = self.preset(request.preset)
@@ -165,6 +217,11 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
+            if self.admission is not None:
+                if self.admission.full:
+                    yield Waiting(f"Waiting for a free slot: this demo writes {self.admission.limit} replies at once…")
+                await self.admission.enter(ticket)
+                admitted = self.admission
             async for step in self.registry.ready(preset):  # status lines, then the ready engine
                 if isinstance(step, Engine):
                     # In use from this moment (no await in between): preparing the prompt comes
@@ -200,6 +257,8 @@ class ChatService:
         finally:
             if engine is not None:
                 engine.replies -= 1
+            if admitted is not None:
+                admitted.leave()
             self._release(ticket)
             if ticket.reply is not None and ticket.reply.stats is not None:
                 metrics.reply_finished(ticket.reply.stats)

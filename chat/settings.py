@@ -45,7 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Also publish a temporary public gradio.live link. Off by default: anyone with the link can use your model.",
             bool),
     Setting("concurrency_limit", ("CHAT_CONCURRENCY_LIMIT",), 0,
-            "Most replies written at once; 0 means no limit, so vLLM batches every user together.", int),
+            "Most replies written at once by this UI worker, from the Chat and Compare tabs and both APIs together; "
+            "more wait in line, their readers told so. 0 means no limit, so vLLM batches every user together.", int),
     Setting("auth", ("CHAT_AUTH",), "",
             "Require a login for the UI and the API: user:password, several separated by commas. Off by default."),
     Setting("admins", ("CHAT_ADMINS",), "",
@@ -55,7 +56,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Make anyone connecting from this machine (127.0.0.1 or ::1) an administrator. Off by default; leave it "
             "off behind a reverse proxy on the same machine, where every visitor connects from there.", bool),
     Setting("max_waiting", ("CHAT_MAX_WAITING",), 256,
-            "Requests that may wait for a free engine slot; beyond it new ones are refused at once with a busy message.",
+            "Replies that may wait for a free slot (in an engine's batch, or in line under --concurrency-limit); "
+            "beyond it new ones are refused at once with a busy message.",
             int),
     Setting("flush_ms", ("CHAT_FLUSH_MS",), round(FLUSH_S * 1000),
             "Most often a streaming reply is redrawn, in milliseconds (the first token is always shown at once); "

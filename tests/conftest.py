@@ -273,10 +273,10 @@ def ran_app(*args: str) -> subprocess.CompletedProcess:
     return finished(app_command(*args))
 
 
-def early_replies(app: RunningApp, outcome: str) -> float:
-    """How many Chat-tab replies begun over a page's socket ended with `outcome` (chat/live.py)."""
+def replies_started(app: RunningApp, by: str) -> float:
+    """How many replies `by` ("page": a page's socket, "turn": a Chat-tab turn, "api") started (chat/live.py)."""
     with urllib.request.urlopen(app.url + "metrics", timeout=10) as response:
-        found = re.search(rf'^chat_early_replies_total{{outcome="{outcome}"}} (\S+)$', response.read().decode(), re.M)
+        found = re.search(rf'^chat_replies_started_total{{started_by="{by}"}} (\S+)$', response.read().decode(), re.M)
     return float(found.group(1)) if found else 0.0
 
 

@@ -1,7 +1,7 @@
-"""How a reply reaches a socket (chat/live.py): a reply's log and the store of them, a page's live
-text, and the reply a page begins over its socket before Gradio runs the turn, taken over by the turn
-only when asked for exactly the same and ended when nobody takes it over. (Resuming, watching and the
-grace period through a real socket: tests/test_api.py; the page's rendering: tests/test_browser_live.py.)"""
+"""How a reply is run and read (chat/live.py): a reply's log and the store of them, its text, the
+reply a page starts over its socket before Gradio runs the turn, which only follows it, a turn that
+comes first and starts it, the Chat tab's Stop, and the service's admission. (Resuming, watching and
+the grace period through a real socket: tests/test_api.py; the page's rendering: tests/test_browser_live.py.)"""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ import asyncio
 import json
 import secrets
 import time
-from types import SimpleNamespace
 
 import pytest
 import websockets
 
 from chat import live
 from chat.client import websocket_url
-from chat.live import LiveText, ReplyLog, ReplyStore, claim, same_turn
-from chat.service import Finished, ReplyRequest, Writing
+from chat.live import LiveText, ReplyLog, ReplyStore
+from chat.service import Finished, ReplyRequest, Waiting, Writing
 from chat.stats import REPLIED, Finish
-from tests.conftest import early_replies, eventually
+from tests.conftest import eventually, replies_started
 from tests.pages import wait_drawn
 from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - on the stand-in engine
 from tests.test_api import IDLE, events_of, idle, next_error
@@ -73,17 +72,14 @@ async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_
 
 
 @pytest.mark.unit
-def test_live_text_writes_only_the_new_text_and_gradio_redraws_only_when_due():
-    logs = ReplyStore()
-    live = LiveText(logs, VISITOR, redraw_s=3600)
-    assert logs.get(VISITOR, live.log.id) is live.log and live.log.id.startswith("live-")
+def test_live_text_writes_only_the_new_text_with_the_line_at_most_ten_times_a_second():
+    live = LiveText(ReplyLog(new_id(), VISITOR))
     live.write("Hel", "Writing… 0:00")
     live.write("Hel", "Writing… 0:00")  # nothing new: nothing written
-    live.write("Hello", None)
+    live.write("Hello", "Writing… 0:01")  # at once after the first: its line waits
     deltas = [e for e in live.log.events if e["type"] == "delta"]
     assert [(e["text"], e["index"]) for e in deltas] == [("Hel", 0), ("lo", 1)]
     assert deltas[0]["line"] == "Writing… 0:00" and "line" not in deltas[1]
-    assert live.redraw_due() and not live.redraw_due()  # the first text at once, then every redraw_s
     live.end()
     live.end()  # once only
     assert [e["type"] for e in live.log.events][-1:] == ["done"] and not live.log.running
@@ -91,50 +87,46 @@ def test_live_text_writes_only_the_new_text_and_gradio_redraws_only_when_due():
 
 
 @pytest.mark.unit
-def test_a_turn_takes_over_only_a_reply_begun_for_exactly_its_inputs():
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
-    asked = ReplyRequest("And now?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7},
-                         stop_key="early:x", submitted_at=1.0)
-    same = ReplyRequest("And now?", [dict(m) for m in history], preset="p", system_prompt="Be brief.",
-                        sampling={"temperature": 0.7}, stop_key="chat:y", submitted_at=2.0)
-    assert same_turn(asked, same)
-    for other in (ReplyRequest("And then?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7}),
-                  ReplyRequest("And now?", history[:1], preset="p", system_prompt="Be brief.", sampling={"temperature": 0.7}),
-                  ReplyRequest("And now?", history, preset="q", system_prompt="Be brief.", sampling={"temperature": 0.7}),
-                  ReplyRequest("And now?", history, preset="p", system_prompt="", sampling={"temperature": 0.7}),
-                  ReplyRequest("And now?", history, preset="p", system_prompt="Be brief.", sampling={"temperature": 0.8})):
-        assert not same_turn(asked, other), other
+async def test_a_reader_who_falls_behind_draws_the_latest_event_and_always_the_last():
+    reply_log = ReplyLog(new_id(), VISITOR)
+    drawn: list[object] = []
+
+    async def draw() -> None:
+        async for event in reply_log.drawn():
+            drawn.append(event)
+
+    drawing = asyncio.create_task(draw())
+    first, skipped, latest, last = (Waiting(f"step {i}") for i in range(4))
+    reply_log.latest = first
+    reply_log.add("progress")
+    assert await eventually(lambda: drawn == [first])
+    reply_log.latest = skipped
+    reply_log.latest = latest  # before the reader looked again
+    reply_log.add("progress")
+    assert await eventually(lambda: drawn == [first, latest])
+    reply_log.latest = last
+    reply_log.end()
+    await asyncio.wait_for(drawing, 5)
+    assert drawn == [first, latest, last]
 
 
 @pytest.mark.unit
-def test_a_turn_that_comes_before_its_begun_reply_takes_the_id_so_the_reply_is_never_left_to_run():
-    """The socket and Gradio's request are two connections: the turn may be run first. Then the id
-    is taken (the socket's `begin` is refused as a duplicate: chat/api.py) and the turn writes its own."""
-    logs = ReplyStore()
-    log_id = new_id()
-    assert claim(logs, VISITOR, log_id, ReplyRequest("Hi")) is None
-    taken = logs.get(VISITOR, log_id)
-    assert taken is not None and not taken.running and taken.early is None
-    assert claim(logs, VISITOR, "live-not-a-page-id", ReplyRequest("Hi")) is None
-    assert logs.get(VISITOR, "live-not-a-page-id") is None  # ids a page never picks take nothing
+def test_a_turn_names_its_reply_only_by_an_id_a_page_would_pick():
+    assert live.page_id(log_id := new_id()) == log_id
+    for junk in ("", "r1", "live-../../x", log_id.upper(), log_id + "0", None, 5, ["live-"]):
+        assert live.page_id(junk) is None, junk
 
 
 @pytest.mark.unit
-def test_each_visitor_finds_only_their_own_replies_and_a_turn_only_its_own_page_s():
-    """The store's key is the visitor and the id: the same id of two visitors is two replies, and a
-    turn of one visitor neither takes nor spoils a reply another visitor's page began."""
+def test_each_visitor_finds_only_their_own_replies():
+    """The store's key is the visitor and the id: the same id of two visitors is two replies."""
     logs = ReplyStore()
     mine, theirs = ReplyLog("r1", VISITOR), ReplyLog("r1", STRANGER)
     logs.add(mine)
     logs.add(theirs)
     assert logs.get(VISITOR, "r1") is mine and logs.get(STRANGER, "r1") is theirs
     assert logs.get("address:192.0.2.9", "r1") is None
-    begun = ReplyLog(log_id := new_id(), VISITOR)
-    begun.early = early = SimpleNamespace()  # stands for the EarlyReply the page's `begin` made
-    logs.add(begun)
-    assert claim(logs, STRANGER, log_id, ReplyRequest("Hi")) is None
-    assert begun.early is early and logs.get(VISITOR, log_id) is begun  # still there for its own turn
-    for reply_log in (mine, theirs, begun):
+    for reply_log in (mine, theirs):
         reply_log.end()
 
 
@@ -151,28 +143,106 @@ def test_a_visitor_who_ends_many_replies_at_once_drops_their_own_finished_ones_n
     assert [i for i in range(10) if logs.get(STRANGER, f"f{i}")] == [7, 8, 9]  # the latest, to make room
 
 
-@pytest.mark.engine
-async def test_a_turn_s_stop_reaches_the_begun_reply_it_took_over_and_no_other(service, engine):
-    """The turn's Stop (its stop key) stops the reply the page began once the turn has claimed it;
-    before, and for another turn's key, it does not (the socket that began it may still close it)."""
-    logs = ReplyStore()
-    ask = ReplyRequest("Tell me a very long story about dragons.", sampling={"max_tokens": 400, "temperature": 0.7},
-                       stop_key="chat:turn")
-    log_id = new_id()
-    reply_log = live.begin(service, logs, VISITOR, log_id, ask, owner=object())
-    live.stop(service, logs, "chat:turn")  # not claimed yet: the Stop of a turn before this one
-    early = claim(logs, VISITOR, log_id, ask)
-    assert early is not None and reply_log.running
+LONG = ReplyRequest("Tell me a long story.", sampling={"max_tokens": 400, "temperature": 0.7})
+
+
+async def drawn_by_turn(service, logs, page_id, request=LONG, browser=True, stop_after=None) -> list:
+    """What the Chat tab's turn draws (`live.turn_reply`), each event with its log's id; `stop_after`,
+    called with each event, may stop the reply."""
     events = []
-    async for event in early.events():
-        events.append(event)
+    async for event, log_id in live.turn_reply(service, logs, request, VISITOR, page_id, browser):
+        events.append((event, log_id))
+        if stop_after is not None:
+            stop_after(event)
+    return events
+
+
+@pytest.mark.engine
+async def test_a_turn_follows_the_reply_its_page_started_and_starts_none(service, engine):
+    """The page's socket started the reply (`begin`); the turn sent with its id draws it: the first
+    text at once, a redraw at most every REDRAW_S, the end with its stats, and nothing of its own."""
+    logs = ReplyStore()
+    started = live.start(service, logs, VISITOR, page_id := new_id(), LONG, owner=object(), started_by="page", lines=True)
+    events = await drawn_by_turn(service, logs, page_id)
+    assert {log_id for _, log_id in events} == {page_id} and logs.get(VISITOR, page_id) is started
+    assert isinstance(events[-1][0], Finished) and events[-1][0].reply.stats.finish is Finish.MAX_TOKENS
+    writings = [event for event, _ in events if isinstance(event, Writing)]
+    assert writings and len(writings) < len([e for e in started.events if e["type"] == "delta"])  # redraws, not every delta
+    assert [e["type"] for e in started.events][-2:] == ["stats", "done"]
+    assert any("line" in e for e in started.events if e["type"] == "delta")  # the page's box has its line
+    assert await engine_idle(engine)
+
+
+@pytest.mark.engine
+async def test_a_turn_before_its_page_s_start_starts_the_reply_under_that_id_and_owns_it(service, engine):
+    """The socket and Gradio's request are two connections; the turn may come first. It then starts
+    the reply under the page's id (a `begin` arriving later follows it: tests below), and closing
+    the turn before the end aborts it; a program's turn (no page) gets an id of its own."""
+    logs = ReplyStore()
+    turn = live.turn_reply(service, logs, LONG, VISITOR, page_id := new_id(), True)
+    event, log_id = await anext(turn)
+    started = logs.get(VISITOR, page_id)
+    assert log_id == page_id and started is not None and started.started_by == "turn" and started.running
+    await turn.aclose()
+    assert await eventually(lambda: not started.running) and started.events[-1] == {
+        "type": "done", "id": page_id, "finish": "disconnected"}
+    assert await engine_idle(engine)
+    events = await drawn_by_turn(service, logs, None, ReplyRequest("Say hi.", sampling={"max_tokens": 8}), browser=False)
+    assert {log_id for _, log_id in events} == {None} and isinstance(events[-1][0], Finished)
+
+
+@pytest.mark.engine
+async def test_the_chat_tab_s_stop_reaches_the_reply_its_page_started_by_its_id_and_no_other(service, engine):
+    logs = ReplyStore()
+    started = live.start(service, logs, VISITOR, page_id := new_id(), LONG, owner=object(), started_by="page")
+
+    def stop(event) -> None:
         if isinstance(event, Writing) and event.reply.progress.tokens >= 3:
-            live.stop(service, logs, "chat:another")
-            live.stop(service, logs, "chat:turn")
-    finished = events[-1]
+            live.stop(service, logs, VISITOR, "chat:turn", None)  # its turn's key alone: not this reply's
+            live.stop(service, logs, STRANGER, "chat:turn", page_id)  # another visitor naming its id
+            live.stop(service, logs, VISITOR, "chat:turn", page_id)
+
+    finished = (await drawn_by_turn(service, logs, page_id, stop_after=stop))[-1][0]
     assert isinstance(finished, Finished) and finished.reply.stats.finish is Finish.STOPPED_BY_USER
-    assert 3 <= finished.reply.stats.generated_tokens < 400
-    assert await eventually(lambda: not reply_log.running) and not logs.claimed_by("chat:turn")
+    assert 3 <= finished.reply.stats.generated_tokens < 400 and not started.running
+    assert await engine_idle(engine)
+
+
+@pytest.mark.engine
+async def test_admission_lets_a_set_number_of_replies_write_at_once_and_the_rest_wait_in_line(service, engine):
+    """--concurrency-limit: the service writes at most that many replies at once, whichever front end
+    asked; the next waits, told so, and starts when one ends; Stop reaches one still in line; beyond
+    --max-waiting in line a reply is refused at once."""
+    from chat.service import Admission, Failed
+
+    service.admission = Admission(limit=1, max_waiting=1)
+    logs = ReplyStore()
+    try:
+        first = live.start(service, logs, VISITOR, new_id(), LONG, owner=object(), started_by="api")
+        assert await eventually(lambda: any(e["type"] == "delta" for e in first.events))
+        second = live.start(service, logs, VISITOR, new_id(), ReplyRequest("Say hi.", sampling={"max_tokens": 8}),
+                            owner=object(), started_by="api")
+        assert await eventually(lambda: [e["type"] for e in second.events] == ["progress"])
+        assert "Waiting for a free slot" in second.events[0]["status"]
+        third = live.start(service, logs, VISITOR, new_id(), LONG, owner=object(), started_by="api")
+        assert await eventually(lambda: not third.running)
+        assert third.events[-1]["type"] == "error" and third.events[-1]["code"] == "busy", third.events
+        assert isinstance(third.latest, Failed)
+        service.stop(first.stop_key)
+        assert await eventually(lambda: not first.running and not second.running, within_s=30)
+        assert second.events[-1]["finish"] == "max_tokens"  # it ran once the first had gone
+        waiting_one = live.start(service, logs, VISITOR, new_id(), LONG, owner=object(), started_by="api")
+        assert await eventually(lambda: any(e["type"] == "delta" for e in waiting_one.events))
+        in_line = live.start(service, logs, VISITOR, new_id(), LONG, owner=object(), started_by="api")
+        assert await eventually(lambda: in_line.events[:1] and in_line.events[0]["type"] == "progress")
+        service.stop(in_line.stop_key)  # Stop while in line
+        assert await eventually(lambda: not in_line.running)
+        assert in_line.events[-1]["finish"] == "stopped_by_user" and not any(e["type"] == "delta" for e in in_line.events)
+        waiting_one.abort()
+        assert await eventually(lambda: not waiting_one.running)
+        assert service.admission.running == 0
+    finally:
+        service.admission = None
     assert await engine_idle(engine)
 
 
@@ -233,33 +303,37 @@ def ready_page(page) -> None:
 
 @pytest.mark.browser
 def test_a_typed_message_starts_its_reply_before_gradio_runs_the_turn(page, app_server):
-    before = {outcome: early_replies(app_server, outcome) for outcome in ("claimed", "missing", "other_inputs")}
+    before = {by: replies_started(app_server, by) for by in ("page", "turn")}
     ready_page(page)
     send(page, "Say hi.", max_tokens=24)
     watch_reply(page, REPLIED)
     send(page, "And again.")  # with the first turn in the chat, as the page holds it
     watch_second_reply(page)
-    after = {outcome: early_replies(app_server, outcome) for outcome in before}
-    assert after == {**before, "claimed": before["claimed"] + 2}
+    after = {by: replies_started(app_server, by) for by in before}
+    assert after == {"page": before["page"] + 2, "turn": before["turn"]}, "the turns followed the page's replies"
     app_server.wait_idle()
 
 
 @pytest.mark.browser
-def test_a_reply_begun_for_other_inputs_is_dropped_and_the_turn_writes_its_own(page, app_server):
-    """Whatever the socket carried, the reply shown is the one Gradio's turn asked for."""
+def test_a_turn_that_overtakes_its_page_s_start_starts_the_reply_and_the_page_still_follows_it(page, app_server):
+    """The page's `begin` held back until after its Gradio turn has run: the turn starts the reply
+    under the page's id, and the late `begin` follows it, so the page's box fills as ever."""
     page.add_init_script("""(() => {
       const send = WebSocket.prototype.send;
       WebSocket.prototype.send = function (data) {
-        return send.call(this, String(data).replace('"message":"Say hi."', '"message":"Count to 50."'));
+        if (!String(data).includes('"type":"begin"')) return send.call(this, data);
+        setTimeout(() => send.call(this, data), 1500);
       };
     })()""")
     page.reload()
     wait_drawn(page)
     ready_page(page)
-    other_inputs = early_replies(app_server, "other_inputs")
-    send(page, "Say hi.", max_tokens=24)
+    before = {by: replies_started(app_server, by) for by in ("page", "turn")}
+    send(page, "Write a long story about a dragon.", max_tokens=200)
+    box = page.locator("#chatbot .live-reply").last
+    box.locator("p").first.wait_for(timeout=60_000)  # drawn by the page's script from the socket's text
     watch_reply(page, REPLIED)
-    assert early_replies(app_server, "other_inputs") == other_inputs + 1
+    assert {by: replies_started(app_server, by) for by in before} == {"page": before["page"], "turn": before["turn"] + 1}
     body = app_server.wait_idle()
     assert all(e["running"] == 0 and e["unfinished"] == 0 for e in body["engines"])
 

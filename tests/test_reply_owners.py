@@ -1,7 +1,7 @@
 """A reply belongs to who started it (chat/live.py, chat/api.py, chat/voters.py): on /chat, another
 visitor (another voter cookie, or without one another address) cannot watch, resume or cancel a
 reply by its id, and reusing the id starts a reply of their own; the owner's resume and the page's
-own path (a reply begun over its socket, claimed by its Gradio turn, followed by its socket) work."""
+own path (a reply begun over its socket, followed by its Gradio turn, followed by its socket) work."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from chat.client import websocket_url
 from chat.voters import COOKIE, VISITOR, VoterCookie, VoterKeys, address_group, visitor_of
-from tests.conftest import early_replies
+from tests.conftest import replies_started
 from tests.test_api import IDLE, chat, deltas, events_of, idle, next_error
 from tests.test_hostile import config, join_body, read_events
 
@@ -211,17 +211,18 @@ async def run_turn(app, cookie: str, turn: dict, data: list[Any]) -> dict:
         return (await read_events(http, app.url, session, {event_id}))[event_id]
 
 
-async def test_a_page_s_begun_reply_is_claimed_by_its_own_turn_and_followed_only_by_its_visitor(app_server):
-    """What the page does for a typed message (chat/ui/live.js `begin`, chat/live.py `claim`), with
-    its cookie on both connections: its turn takes the reply over. A stranger's turn that names the
-    same id writes a reply of its own and leaves the page's alone, and no stranger can watch it."""
+async def test_a_page_s_begun_reply_is_followed_by_its_own_turn_and_only_by_its_visitor(app_server):
+    """What the page does for a typed message (chat/ui/live.js `begin`, chat/live.py `turn_reply`), with
+    its cookie on both connections: its turn follows the reply the socket started, starting none. A
+    stranger's turn that names the same id writes a reply of its own and leaves the page's alone, and
+    no stranger can watch it."""
     page, stranger = await voter_cookie(app_server), await voter_cookie(app_server)
     turn, by_name, data = await page_turn(app_server)
     log_id = f"live-{secrets.token_hex(16)}"
     data[by_name["message"]], data[by_name["chatbot"]], data[by_name["began"]] = "Write a long story about a dragon.", [], log_id
     data[by_name["knob-max_tokens"]], data[by_name["knob-temperature"]] = 60, 0.0
     knobs = {name.removeprefix("knob-"): data[n] for name, n in by_name.items() if name and name.startswith("knob-")}
-    claimed, missing = early_replies(app_server, "claimed"), early_replies(app_server, "missing")
+    started = {by: replies_started(app_server, by) for by in ("page", "turn")}
     async with socket(app_server, page) as ws:
         await ws.send(json.dumps({"type": "begin", "id": log_id, "message": data[by_name["message"]], "history": [],
                                   "preset": data[by_name["preset"]], "system_prompt": data[by_name["system-prompt"]],
@@ -229,12 +230,12 @@ async def test_a_page_s_begun_reply_is_claimed_by_its_own_turn_and_followed_only
         await first_delta(ws, log_id)
         ended = await run_turn(app_server, stranger, turn, data)  # a stranger's turn, naming the page's id
         assert ended.get("success"), ended
-        assert early_replies(app_server, "missing") == missing + 1 and early_replies(app_server, "claimed") == claimed
+        assert {by: replies_started(app_server, by) for by in started} == {"page": started["page"] + 1, "turn": started["turn"] + 1}
         async with socket(app_server, None, "127.0.0.2") as other:  # (the stranger's turn took the id in their own name)
             assert await refused(other, {"type": "watch", "id": log_id, "after": -1}) == "unknown_id"
         ended = await run_turn(app_server, page, turn, data)  # the page's own
         assert ended.get("success"), ended
-        assert early_replies(app_server, "claimed") == claimed + 1, "the page's turn took its begun reply over"
+        assert replies_started(app_server, "turn") == started["turn"] + 1, "the page's turn followed its reply, starting none"
         followed = await events_of(ws, log_id)
     assert followed[-1]["type"] == "done" and deltas(followed)
     assert await idle(app_server) == IDLE

@@ -41,8 +41,8 @@ from tests.conftest import (
     RunningApp,
     app_for,
     app_recipe,
-    early_replies,
     launch_app,
+    replies_started,
     small_preset,
     still_running,
     stop_app,
@@ -373,12 +373,12 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
     page.get_by_role("option", name=B, exact=True).click()
     page.locator("#title").filter(has_text=B).wait_for()
     page.wait_for_function("window.chatLive.connected()")
-    claimed = early_replies(workers_app, "claimed")
+    started = replies_started(workers_app, "page")
     send(page, "Say hello in five words.")
     _, title = watch_reply(page, REPLIED, within_s=240)
     assert (numbers := SUMMARY.search(title)) and numbers["rate"], title
-    # The reply began over the page's socket and the turn took it over: both reached the same worker.
-    assert early_replies(workers_app, "claimed") == claimed + 1
+    # The reply began over the page's socket and the turn followed it: both reached the same worker.
+    assert replies_started(workers_app, "page") == started + 1
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / "ui-workers-switched.png"))
     assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == cookie

@@ -40,7 +40,7 @@ QUIET: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_prog
 
 
 def build_ui(
-    service: ChatService, monitor: Monitor, logs: ReplyStore, *, concurrency_limit: int | None = None,
+    service: ChatService, monitor: Monitor, logs: ReplyStore, *,
     store: VoteStore | None = None, admins: Admins | None = None, lab: CapacityLab | None = None,
 ) -> gr.Blocks:
     """The page; its tabs write the replies a page follows into `logs` (which /chat serves).
@@ -59,7 +59,7 @@ def build_ui(
         # Only Chat is made with the page; the others when first opened (chat/ui/lazy.py says why).
         with gr.Tabs(overflow_behavior="wrap") as tabs:
             with gr.Tab("Chat", id="chat"):
-                chat_tab(service, logs, concurrency_limit=concurrency_limit)
+                chat_tab(service, logs)
             with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_page:
                 build_when_opened(compare_page, lambda: compare_tab(comparisons, logs, demo, tabs, store))
             standings = Standings(store) if store is not None else None

@@ -97,15 +97,15 @@ DOWNLOAD_SAVED = """async () => {
 }"""
 
 
-def chat_tab(service: ChatService, logs: ReplyStore, *, concurrency_limit: int | None) -> None:
+def chat_tab(service: ChatService, logs: ReplyStore) -> None:
     """The chat with its settings; Stop, the engine's load and Save beneath the chat."""
     with gr.Row(equal_height=False, elem_id="chat-layout"):
         settings = settings_panel(service)  # first, so the chat finds its inputs rendered (CSS puts it right)
         with gr.Column(scale=3, min_width=300, elem_id="chat-main"):
-            chat_column(service, logs, settings, concurrency_limit=concurrency_limit)
+            chat_column(service, logs, settings)
 
 
-def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, concurrency_limit: int | None) -> None:
+def chat_column(service: ChatService, logs: ReplyStore, settings: Settings) -> None:
     """The chat: its title, the conversation, the message box, and Stop, Save and the engine line."""
     default = service.preset(None)
     assert tuple(k.name for k in default.sampling.knobs) == KNOB_NAMES
@@ -127,7 +127,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
         # Its own message box stays hidden: a typed message takes `turn` below. ChatInterface still
         # runs examples, retry, edit, undo, the saved chats and the /chat API.
         textbox=gr.Textbox(visible=False, stop_btn=False),
-        concurrency_limit=concurrency_limit,
+        concurrency_limit=None,  # the service admits replies (--concurrency-limit), for every tab and the API alike
         save_history=True,
         editable=True,
         examples=[[example] for example in default.examples] or None,
@@ -143,11 +143,12 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
         submit_btn=True, autofocus=True,
     )
     parts = chat_parts(chat, new_chat_id="new-chat", saved_list_id="saved-chats", column_id="chat-history")  # for the phone's CSS
-    # The page begins the reply over its socket as it sends the turn (chat/live.py), unless
-    # turns wait their turn here: a reply begun at once would not.
-    asked = [textbox, chatbot, *settings.inputs, gr.Textbox(visible=False, elem_id="began")]  # the begun reply's id
+    # The page starts the reply over its socket as it sends the turn, which then follows it by its
+    # id (chat/live.py).
+    began = gr.Textbox(visible=False, elem_id="began")  # the id of the reply the page started
+    asked = [textbox, chatbot, *settings.inputs, began]
     inputs = [*asked, parts.conversation_id, parts.saved]  # and where the turn saves the chat
-    begin = None if concurrency_limit is not None else (
+    begin = (
         f"(...values) => window.chatLive ? [...window.chatLive.begin(values.slice(0, {len(asked)}), {json.dumps(KNOB_NAMES)}),"
         f" ...values.slice({len(asked)}, {len(inputs)})] : values.slice(0, {len(inputs)})")
     # Which saved chat the page shows, kept in the browser so that a reload reopens it (none after New chat).
@@ -155,7 +156,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     turn = textbox.submit(
         typed_turn(service, logs, chatbot, parts.save), inputs,
         [textbox, chatbot, parts.history, parts.conversation_id, parts.saved, shown], js=begin,
-        concurrency_limit=concurrency_limit, api_visibility="undocumented", show_progress="hidden",
+        concurrency_limit=None, api_visibility="undocumented", show_progress="hidden",
         # The values as the page sent them: Gradio would hand each input to a worker thread to
         # "preprocess" it, for nothing here (the chat's messages already are role/content dicts).
         preprocess=False,
@@ -165,7 +166,7 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings, *, c
     # "once"), and a message typed quickly would sit in the box unsent.
     turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", queue=False,
               api_visibility="private")  # in the page only, as the Settings buttons
-    status = chat_actions(service, logs, chatbot, textbox)
+    status = chat_actions(service, logs, chatbot, textbox, began)
     reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)
 
@@ -198,9 +199,9 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
 
 
 async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyRequest, request: gr.Request,
-                         early: live.EarlyReply | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
-    """The reply as chat messages, from the pipeline or from the reply the page began (`early`)."""
-    async with contextlib.aclosing(live.live_reply(service, logs, ask, is_browser(request), visitor_of(request), early)) as shown:
+                         page_id: str | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
+    """The reply as chat messages: the one the page started under `page_id`, or one of the turn's own."""
+    async with contextlib.aclosing(live.turn_reply(service, logs, ask, visitor_of(request), page_id, is_browser(request))) as shown:
         async for event, live_id in shown:
             yield event_messages(event, live_id)
 
@@ -214,7 +215,7 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
         """A message typed on the page, the whole turn in one queued event: the message box (shut
         while the reply is written), the chat, and at the end the server's copy of the chat, the
         chat saved in the browser, and which saved chat is shown. After the knobs come the id of the
-        reply the page began for it (chat/live.py) or empty, the saved chat's index and the saved chats."""
+        reply the page started for it (chat/live.py) or empty, the saved chat's index and the saved chats."""
         *knob_values, began, conversation_id, saved = values
         unchanged = (gr.skip(),) * 4
         if not str(message).strip():
@@ -222,14 +223,14 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
             yield gr.skip(), *unchanged, gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
-        early = live.claim(logs, visitor_of(request), began, ask) if isinstance(began, str) and began else None
+        page_id = live.page_id(began)
         asked = [*(history or []), {"role": "user", "content": message}]
-        # A reply the page began is under way: its box goes on the page now, to be filled as the
+        # The page follows the reply by its id: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.
-        begun = live_messages(early.live.log.id, "", READING) if early is not None else []
+        begun = live_messages(page_id, "", READING) if page_id is not None else []
         yield gr.update(value="", interactive=False), [*asked, *begun], *unchanged
         reply: list[gr.ChatMessage] = []
-        async with contextlib.aclosing(reply_messages(service, logs, ask, request, early)) as written:  # as `respond`
+        async with contextlib.aclosing(reply_messages(service, logs, ask, request, page_id)) as written:  # as `respond`
             async for reply in written:
                 yield gr.skip(), [*asked, *reply], *unchanged
         done = [*asked, *reply]
@@ -250,10 +251,11 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
 INTERNAL: dict[str, Any] = {"queue": False, "api_visibility": "undocumented"}
 
 
-def chat_actions(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot, textbox: gr.Textbox) -> gr.Markdown:
+def chat_actions(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot, textbox: gr.Textbox,
+                 began: gr.Textbox) -> gr.Markdown:
     """Stop and Save beneath the chat, Undo's message back in the box; returns the engine line."""
-    async def stop(request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
-        live.stop(service, logs, stop_key(request))  # the reply the page began, too, once the turn took it
+    async def stop(page_id: Any, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        live.stop(service, logs, visitor_of(request), stop_key(request), live.page_id(page_id))
 
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")
@@ -261,7 +263,8 @@ def chat_actions(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot, te
     # Kept current by the page itself (engine_line.js asks /status), not by a Gradio timer.
     status = gr.Markdown("Engine: checking…", elem_id="engine-status")
     saved_file = gr.File(label="Conversation as Markdown", visible=False, elem_id="saved-file", interactive=False)
-    stop_button.click(stop, None, None, **INTERNAL)
+    # The page says which reply it started last (its turn's own, if it started one, has the session's key).
+    stop_button.click(stop, [began], None, js="() => [window.chatLive ? window.chatLive.latest() : '']", **INTERNAL)
     # One click saves: the file is written, and the page follows its link as soon as it shows.
     save_button.click(
         lambda history: gr.File(value=conversation_file(history), visible=True), [chatbot], [saved_file], **INTERNAL

@@ -1,9 +1,10 @@
 // Live reply text: follow replies over the page's WebSocket (/chat, "watch") and render each one as
 // Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
-// chat/live.py and chat/ui/live_script.py explain why. window.chatLive.begin starts a typed message's reply (chat/live.py);
-// render and connected are for the browser tests.
+// chat/live.py and chat/ui/live_script.py explain why. window.chatLive.begin starts a typed message's reply (chat/live.py),
+// latest names it for Stop; render and connected are for the browser tests.
 (() => {
-  const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean}
+  const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean, began?: true}
+  let latestBegun = ""; // the id of the reply this page started last
   let socket = null;
   let retry = 0;
   let parser = null;
@@ -163,7 +164,8 @@
     socket.onopen = () => {
       retry = 0;
       for (const [id, reply] of replies) {
-        if (!reply.done) send({ type: "watch", id, after: reply.deltas.length - 1 });
+        // A reply this page started is its socket's: taken back ("resume"), or the server ends it soon.
+        if (!reply.done) send({ type: reply.began ? "resume" : "watch", id, after: reply.deltas.length - 1 });
         later(id);
       }
     };
@@ -196,7 +198,7 @@
   }
 
   // A typed message: its reply starts over the socket now, and the Gradio turn sent with the
-  // returned inputs (the reply's id last) takes it over (chat/live.py). `inputs` are the
+  // returned inputs (the reply's id last) follows it (chat/live.py). `inputs` are the
   // turn's: the message, the chat, the preset, the system prompt, the knobs named in `knobs`, and
   // a slot for the id (left empty when the socket is not open).
   function begin(inputs, knobs) {
@@ -207,7 +209,8 @@
     }
     const bytes = crypto.getRandomValues(new Uint8Array(16)); // randomUUID needs https
     const id = "live-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-    replies.set(id, { deltas: [], done: false });
+    replies.set(id, { deltas: [], done: false, began: true });
+    latestBegun = id;
     const sampling = Object.fromEntries(knobs.map((name, i) => [name, knobValues[i]]));
     send({ type: "begin", id, message, history: history || [], preset, system_prompt: systemPrompt, sampling });
     return [...values, id];
@@ -239,7 +242,8 @@
   }
 
   const connected = () => socket !== null && socket.readyState === WebSocket.OPEN; // for the browser tests
-  window.chatLive = { render, settled, begin, connected };
+  const latest = () => latestBegun; // the reply the page's Stop stops (chat/ui/chat_tab.py)
+  window.chatLive = { render, settled, begin, connected, latest };
   new MutationObserver(follow).observe(document.documentElement, { childList: true, subtree: true });
   connect(); // now, so that the first reply's text is drawn from its first piece
 })();

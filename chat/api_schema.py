@@ -7,6 +7,7 @@ whose connection dropped has to resume its replies (`--resume-grace-s` changes i
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -52,13 +53,16 @@ class WatchRequest(_Strict):
     after: Annotated[int, Field(ge=-1)] = -1  # index of the last delta already shown
 
 
+PAGE_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it starts (chat/ui/live.js)
+
+
 class BeginRequest(_Strict):
     """The page's Chat tab: start the reply to a typed message now, under the id the page picked, for
     the Gradio turn sent with it to follow (chat/live.py); where that turn came first and started it,
     follow it. The fields are the turn's own inputs."""
 
     type: Literal["begin"]
-    id: Annotated[str, Field(pattern=r"^live-[0-9a-f]{32}$")]  # live.PAGE_ID
+    id: Annotated[str, Field(pattern=f"^{PAGE_ID.pattern}$")]
     message: str
     history: list[dict[str, Any]] = []  # the chat as the page holds it (Gradio's messages)
     preset: str | None = None

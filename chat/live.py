@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -222,16 +221,9 @@ async def _run(service: ChatService, reply_log: ReplyLog, request: ReplyRequest,
         reply_log.end()
 
 
-PAGE_ID = re.compile(r"live-[0-9a-f]{32}")  # the ids a page picks for the replies it starts (api_schema.BeginRequest)
-
-
 def new_page_id() -> str:
+    """An id of the kind a page picks (`api_schema.PAGE_ID`)."""
     return f"live-{uuid.uuid4().hex}"
-
-
-def page_id(value: object) -> str | None:
-    """The id a page's turn names for its reply, where it is one a page would pick (else None)."""
-    return value if isinstance(value, str) and PAGE_ID.fullmatch(value) else None
 
 
 # The Chat tab's turn: it follows the reply its page started, or starts it.

@@ -112,9 +112,11 @@ async def test_a_reader_who_falls_behind_draws_the_latest_event_and_always_the_l
 
 @pytest.mark.unit
 def test_a_turn_names_its_reply_only_by_an_id_a_page_would_pick():
-    assert live.page_id(log_id := new_id()) == log_id
+    from chat.ui.live_script import page_id
+
+    assert page_id(log_id := new_id()) == log_id and page_id(live.new_page_id())
     for junk in ("", "r1", "live-../../x", log_id.upper(), log_id + "0", None, 5, ["live-"]):
-        assert live.page_id(junk) is None, junk
+        assert page_id(junk) is None, junk
 
 
 @pytest.mark.unit

@@ -24,7 +24,7 @@ from chat.service import ChatService, ReplyRequest
 from chat.stats import READING
 from chat.ui.components import PlainDropdown, PlainNumber, PlainSlider
 from chat.ui.gradio_internals import ChatParts, as_saved, chat_parts, with_parameters
-from chat.ui.live_script import is_browser
+from chat.ui.live_script import is_browser, page_id
 from chat.ui.messages import conversation_file, event_messages, live_messages
 from chat.ui.preset_card import preset_card
 from chat.voters import visitor_of
@@ -199,9 +199,9 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
 
 
 async def reply_messages(service: ChatService, logs: ReplyStore, ask: ReplyRequest, request: gr.Request,
-                         page_id: str | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
-    """The reply as chat messages: the one the page started under `page_id`, or one of the turn's own."""
-    async with contextlib.aclosing(live.turn_reply(service, logs, ask, visitor_of(request), page_id, is_browser(request))) as shown:
+                         began: str | None = None) -> AsyncGenerator[list[gr.ChatMessage], None]:
+    """The reply as chat messages: the one the page started under the id `began`, or one of the turn's own."""
+    async with contextlib.aclosing(live.turn_reply(service, logs, ask, visitor_of(request), began, is_browser(request))) as shown:
         async for event, live_id in shown:
             yield event_messages(event, live_id)
 
@@ -223,14 +223,14 @@ def typed_turn(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot,
             yield gr.skip(), *unchanged, gr.skip()
             return
         ask = reply_request(message, history or [], request, preset_name, system_prompt, knob_values)
-        page_id = live.page_id(began)
+        began = page_id(began)
         asked = [*(history or []), {"role": "user", "content": message}]
         # The page follows the reply by its id: its box goes on the page now, to be filled as the
         # text arrives over the socket, without waiting for Gradio to redraw the chat.
-        begun = live_messages(page_id, "", READING) if page_id is not None else []
+        begun = live_messages(began, "", READING) if began is not None else []
         yield gr.update(value="", interactive=False), [*asked, *begun], *unchanged
         reply: list[gr.ChatMessage] = []
-        async with contextlib.aclosing(reply_messages(service, logs, ask, request, page_id)) as written:  # as `respond`
+        async with contextlib.aclosing(reply_messages(service, logs, ask, request, began)) as written:  # as `respond`
             async for reply in written:
                 yield gr.skip(), [*asked, *reply], *unchanged
         done = [*asked, *reply]
@@ -254,8 +254,8 @@ INTERNAL: dict[str, Any] = {"queue": False, "api_visibility": "undocumented"}
 def chat_actions(service: ChatService, logs: ReplyStore, chatbot: gr.Chatbot, textbox: gr.Textbox,
                  began: gr.Textbox) -> gr.Markdown:
     """Stop and Save beneath the chat, Undo's message back in the box; returns the engine line."""
-    async def stop(page_id: Any, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
-        live.stop(service, logs, visitor_of(request), stop_key(request), live.page_id(page_id))
+    async def stop(began: Any, request: gr.Request) -> None:  # async: stopping aborts on the server's event loop
+        live.stop(service, logs, visitor_of(request), stop_key(request), page_id(began))
 
     with gr.Row(elem_id="chat-actions"):
         stop_button = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, size="sm")

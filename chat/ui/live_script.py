@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from chat.api_schema import PAGE_ID
 from chat.ui.gradio_internals import from_gradio_client
 from chat.ui.messages import MAY_BECOME
 
@@ -57,3 +58,8 @@ def is_browser(request: gr.Request | None) -> bool:
     """A page in a browser runs live.js; Gradio's own client says who it is (`from_gradio_client`)."""
     return request is not None and not from_gradio_client(request)
 
+
+
+def page_id(value: object) -> str | None:
+    """The id a page's turn names for the reply its script started, where it is one a page would pick."""
+    return value if isinstance(value, str) and PAGE_ID.fullmatch(value) else None

@@ -239,6 +239,7 @@ class Engine:
             raise EngineBusy(BUSY)
         params = sampling_params(sampling, max_tokens, ignore_eos)
         self._streams[request_id] = on_unload
+        self.load.on_change()
         generated = 0
         try:
             async with contextlib.aclosing(llm.generate(prompt.rendered, params, request_id, priority=priority)) as outputs:
@@ -268,6 +269,7 @@ class Engine:
         finally:
             self._streams.pop(request_id, None)
             self.last_used = time.monotonic()
+            self.load.on_change()
 
     async def warm_up(self) -> None:
         """Render and write one token once, so that the first reader does not pay for this process's

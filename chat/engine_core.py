@@ -81,10 +81,6 @@ class EngineSlot:
     index: int
     stats_address: str | None = None  # vLLM's data-parallel coordinator, where there is one
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"input_address": self.input_address, "output_address": self.output_address,
-                "count": self.count, "index": self.index, "stats_address": self.stats_address}
-
 
 def join_core(preset: Preset, folder: Path, slot: EngineSlot, stat_loggers: list[Any]) -> AsyncLLM:
     """Blocking: an AsyncLLM client on `slot` of a core started elsewhere (returns once the core
@@ -140,8 +136,9 @@ class SharedCore:
         return EngineSlot(self.addresses.inputs[index], self.addresses.outputs[index], self.slots, index, stats)
 
     @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in getattr(self.manager, "processes", []) if p.pid is not None]
+    def sentinels(self) -> list[int]:
+        """Descriptors that become readable when one of the core's processes ends (multiprocessing's)."""
+        return [p.sentinel for p in getattr(self.manager, "processes", [])]
 
     @property
     def alive(self) -> bool:

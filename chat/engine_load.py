@@ -20,6 +20,7 @@ class EngineLoad:
     prefix_cache_queries: int = 0
     generated_tokens: int = 0  # since the engine started
     updated_at: float = 0.0  # wall clock of the latest scheduler step seen (several clients: the newest wins)
+    on_change: Callable[[], object] = lambda: None  # a UI worker's: tell the engine owner (chat/owner_link.py)
 
 
 def load_recorder(load: EngineLoad) -> Callable[..., Any]:
@@ -43,6 +44,7 @@ def load_recorder(load: EngineLoad) -> Callable[..., Any]:
             if prefix is not None:
                 load.prefix_cache_hits += prefix.hits
                 load.prefix_cache_queries += prefix.queries
+            load.on_change()
 
         def log_engine_initialized(self) -> None:
             pass

@@ -1,22 +1,13 @@
 """One owner for every engine of the app, when several UI workers serve it (`--ui-workers N`).
 
-The `EngineOwner` lives in the supervisor. It is the app's `EngineRegistry` (chat/registry.py): it
-alone starts, wakes, puts to sleep, unloads and restarts engines, within the one memory budget,
-and it backs off after failures. What changes is who uses the engines: each engine is a shared core
-(chat/engine_core.py) with a client slot for every worker, and the owner holds slot 0 itself (for
-sleep and wake, and to write the warm-up token). So before it takes an engine away it asks every
-worker whether the engine is idle there (a worker then holds new requests for it until told what
-happened), and it lets their clients go before it stops a core.
-
-Each worker talks to it over chat/control.py:
-
-    worker                                   owner
-    acquire {preset, have}          ->       starts or wakes the engine (budget, back-off)
-                                    <-       status* (what it is doing), then slot | ready | failed | busy
-    report {engines, first_tokens}  ->       every half second: streams, load, use, times to first token
-                                    <-       snapshot: every engine as the whole app sees it (EngineView)
-                                    <-       drain {key} (answered: idle or not), resume, asleep, detach, died
-    capacity_take / _give_back / _stop ->    one capacity test at a time for the whole app
+The `EngineOwner` lives in the supervisor and holds the app's one `EngineRegistry`
+(chat/registry.py): it alone starts, wakes, puts to sleep, unloads and restarts engines, within the
+one memory budget, and backs off after failures. It is that registry's `Sharing`: each engine is a
+shared core (chat/engine_core.py) with a client slot for every worker, and the owner holds slot 0
+itself (for sleep and wake, and to write the warm-up token). Before it takes an engine away it asks
+every worker whether the engine is idle there, and it lets their clients go before it stops a core.
+A core's process that ends is seen at once (its sentinel, on the owner's event loop) and the core
+restarted. The workers speak to it over chat/control.py.
 """
 
 from __future__ import annotations
@@ -30,289 +21,273 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from chat import control
-from chat.engine import Engine, EngineState
-from chat.errors import ChatError, EngineBusy, PresetError
+from chat.engine import RESTARTING, Engine, EngineState
+from chat.errors import ChatError, EngineBusy
 from chat.presets import PresetCatalog
-from chat.registry import EngineRegistry, EngineView, first_token_percentiles
+from chat.registry import FIRST_TOKENS_WINDOW_S, EngineRegistry, EngineView, Sharing, first_token_percentiles
 
 log = logging.getLogger(__name__)
 
 SPARE_SLOTS = 4  # UI workers that can be replaced over a core's life (vLLM greets each slot once)
-SNAPSHOT_EVERY_S = 0.5
+SNAPSHOT_GAP_S = 0.5  # at most two snapshots a second, however much changes
 ASK_TIMEOUT_S = 10.0
 DETACH_TIMEOUT_S = 30.0
 NO_SLOT = ("{name} has no connection left for a replaced UI worker; it gets new ones when the engine next "
            "starts. Pick another preset, or restart the app.")
+CAPACITY_TAKEN = "A capacity test is already running; wait for it to end, or press Stop."
 
 
 class Peer:
-    """One UI worker's connection to the owner."""
+    """One UI worker's process, as the owner knows it."""
 
-    def __init__(self, number: int, writer: asyncio.StreamWriter) -> None:
-        self.number = number  # unique for the owner's life; a replaced worker is a new peer
-        self.worker: int | None = None  # its UI worker number, once it said hello
-        self.writer = writer
-        self.reports: dict[str, dict[str, Any]] = {}  # engine key -> its latest report
+    def __init__(self, ident: bytes, worker: int) -> None:
+        self.ident, self.worker = ident, worker
+        self.calls = control.Calls()
+        self.report: control.Report | None = None
         self.settled = False  # its first engine start has ended (joined and warmed up, or failed)
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await control.send(self.writer, message)
-
-    async def ask(self, message: dict[str, Any], within_s: float = ASK_TIMEOUT_S) -> dict[str, Any]:
-        """Send a request and wait for the worker's answer (TimeoutError if it does not come)."""
-        ident = -next(self._ids)  # negative: the owner's requests; a worker's own are positive
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[ident] = future
-        try:
-            await self.send({**message, "id": ident})
-            async with asyncio.timeout(within_s):  # not wait_for, which may lose a cancel (chat/stream.py `paced`)
-                return await future
-        finally:
-            self._waiting.pop(ident, None)
-
-    def answered(self, message: dict[str, Any]) -> None:
-        future = self._waiting.get(message.get("id", 0))
-        if future is not None and not future.done():
-            future.set_result(message)
-
-    def gone(self) -> None:
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(ConnectionError("the UI worker went away"))
 
 
-class EngineOwner(EngineRegistry):
+class EngineOwner(Sharing):
     """The app's engines, shared by every UI worker (see the module's docstring)."""
 
     def __init__(self, catalog: PresetCatalog, folder: Path, workers: int, memory_budget: float | None = None,
                  max_waiting: int = 256) -> None:
-        super().__init__(memory_budget=memory_budget, max_waiting=max_waiting)
-        self.catalog = catalog
-        self.folder = folder
+        self.registry = EngineRegistry(memory_budget=memory_budget, max_waiting=max_waiting, sharing=self)
+        self.catalog, self.folder = catalog, folder
         self.slots = 1 + workers + SPARE_SLOTS
-        self.peers: dict[int, Peer] = {}
-        self.worker_states: Callable[[], list[dict[str, Any]]] = list
-        self.capacity: dict[str, Any] | None = None  # the one capacity test running, and which peer runs it
+        self.peers: dict[bytes, Peer] = {}
+        self.worker_states: Callable[[], list[control.WorkerView]] = list  # the supervisor's
+        self.on_settled: Callable[[int], None] = lambda worker: None
+        self.capacity: tuple[bytes, control.CapacityView] | None = None  # the one capacity test running, and whose
         self.first_tokens: deque[tuple[float, str, float]] = deque(maxlen=10_000)
-        self._numbers = itertools.count(1)
+        self.line: control.Line | None = None
         self._generations = itertools.count(1)
-        self._holders: dict[str, dict[int, int]] = {}  # engine key -> peer number -> its slot at the core
+        self._holders: dict[str, set[bytes]] = {}  # engine key -> the peers with a slot at its core
         self._free: dict[str, list[int]] = {}  # engine key -> slots nobody has taken
-        self._snapshot_now = asyncio.Event()
         self._taking: dict[str, asyncio.Event] = {}  # engines being put to sleep or unloaded to make room
+        self._news = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
 
     async def serve(self) -> None:
         """Answer the workers until cancelled."""
-        server = await control.listen(self.folder, self._serve_peer)
-        tasks = [asyncio.create_task(self.watch(every_s=0.5)), asyncio.create_task(self._broadcast())]
+        self.line = control.Line(self.folder, owner=True)
+        broadcast = asyncio.get_running_loop().create_task(self._broadcast())
         try:
-            await asyncio.Event().wait()
+            while True:
+                try:
+                    ident, message = await self.line.receive()
+                except ValidationError as exc:
+                    log.warning("A UI worker sent a message the owner cannot read: %s", exc.errors()[:1])
+                    continue
+                self._take(ident, message)
         finally:
-            server.close()
-            for task in tasks:
-                task.cancel()
+            broadcast.cancel()
+            self.line.close()
 
-    # --- the registry, for engines that other processes use ---------------------------------------
+    def forget(self, worker: int) -> None:
+        """UI worker `worker`'s process ended: its questions end unanswered, its capacity test with it."""
+        for peer in [p for p in self.peers.values() if p.worker == worker]:
+            del self.peers[peer.ident]
+            peer.calls.close()
+            if self.capacity is not None and self.capacity[0] == peer.ident:
+                self.capacity = None
+        self.news()
 
-    def _build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
+    def news(self) -> None:
+        """Something the workers show has changed: a snapshot goes out."""
+        self._news.set()
+
+    # --- the registry's engines, shared -------------------------------------------------------
+
+    async def prepare(self, engine: Engine) -> None:
         engine.generation = next(self._generations)
-        self._holders[engine.key] = {}
-        self._free[engine.key] = list(range(1, self.slots))
+        self._holders[engine.key], self._free[engine.key] = set(), list(range(1, self.slots))
+
+    def build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
         engine.build(make_room, shared_slots=self.slots, sockets=self.folder)
 
-    async def _may_take(self, engine: Engine) -> bool:
+    async def may_take(self, engine: Engine) -> bool:
         if engine.in_use:
             return False
         peers = list(self.peers.values())
-        answers = await asyncio.gather(*(p.ask({"op": "drain", "key": engine.key}) for p in peers),
+        answers = await asyncio.gather(*(self._ask(p, control.EngineNews(news=control.News.DRAIN, key=engine.key)) for p in peers),
                                        return_exceptions=True)
-        if all(isinstance(a, dict) and a.get("idle") for a in answers):
+        if all(isinstance(a, control.Answer) and a.ok for a in answers):
             self._taking[engine.key] = asyncio.Event()  # a worker asking for it now waits until it is asleep or gone
             return True
-        log.info("Keeping %r: a UI worker is using it (%s)", engine.preset.name,
-                 ", ".join(repr(a) if isinstance(a, BaseException) else str(a.get("idle")) for a in answers))
-        for peer in peers:
-            await peer.send({"op": "resume", "key": engine.key})
+        log.info("Keeping %r: a UI worker is using it", engine.preset.name)
+        await self._tell_all(control.EngineNews(news=control.News.RESUME, key=engine.key))
         return False
 
-    def _taken(self, engine: Engine) -> None:
-        taken = self._taking.pop(engine.key, None)
-        if taken is not None:
-            taken.set()
+    def taken(self, engine: Engine) -> None:
+        if (taking := self._taking.pop(engine.key, None)) is not None:
+            taking.set()
 
-    async def _before_unload(self, engine: Engine, reason: str) -> None:
-        peers = list(self.peers.values())
-        await asyncio.gather(*(p.ask({"op": "detach", "key": engine.key, "reason": reason}, within_s=DETACH_TIMEOUT_S)
-                               for p in peers), return_exceptions=True)
+    async def before_unload(self, engine: Engine, reason: str) -> None:
+        self._watch(engine, False)  # its processes now end on purpose
+        detach = control.EngineNews(news=control.News.DETACH, key=engine.key, reason=reason)
+        await asyncio.gather(*(self._ask(p, detach, DETACH_TIMEOUT_S) for p in list(self.peers.values())),
+                             return_exceptions=True)
 
-    def _gone(self, engine: Engine, reason: str) -> None:
-        self._tell_all({"op": "died", "key": engine.key, "generation": engine.generation, "reason": reason})
+    def died(self, engine: Engine) -> bool:
+        self._watch(engine, False)
+        control.background(self._tell_all(control.EngineNews(news=control.News.DIED, key=engine.key, generation=engine.generation,
+                                              reason=RESTARTING)))
+        return True
 
-    def _changed(self, engine: Engine) -> None:
+    def changed(self, engine: Engine) -> None:
         if engine.state is EngineState.SLEEPING:
-            self._tell_all({"op": "asleep", "key": engine.key})
-        self._snapshot_now.set()
+            control.background(self._tell_all(control.EngineNews(news=control.News.ASLEEP, key=engine.key)))
+        elif engine.state is EngineState.READY:
+            self._watch(engine, True)
+        self.news()
 
-    def _tell_all(self, message: dict[str, Any]) -> None:
-        for peer in list(self.peers.values()):
-            asyncio.get_running_loop().create_task(peer.send(message))
-        self._snapshot_now.set()
-
-    def overview(self, first_tokens: bool = False) -> list[EngineView]:
+    def views(self, own: list[EngineView], first_tokens: bool) -> list[EngineView]:
         """Each engine with what every worker reported: streams and requests summed, the newest
         scheduler view, tokens written through every client."""
         now = time.monotonic()
         views = []
-        for view, engine in zip(super().overview(), list(self), strict=True):
-            reports = [r for p in self.peers.values() if (r := p.reports.get(engine.key))
-                       and r.get("generation") == engine.generation]
-            newest = max(reports, key=lambda r: r["updated_at"], default=None)
-            load = engine.load
-            running, waiting, kv = load.running, load.waiting, load.kv_cache_usage
-            if newest is not None and newest["updated_at"] > load.updated_at:
-                running, waiting, kv = newest["running"], newest["waiting"], newest["kv_cache_usage"]
-            p50 = p95 = None
-            if first_tokens:
-                p50, p95 = first_token_percentiles(self.first_tokens, engine.preset.name, now)
+        for view, engine in zip(own, list(self.registry), strict=True):
+            seen = [r for p in self.peers.values() if p.report and (r := p.report.engines.get(engine.key))
+                    and r.generation == engine.generation]
+            newest = max(seen, key=lambda r: r.updated_at, default=None)
+            if newest is not None and newest.updated_at > engine.load.updated_at:
+                view = replace(view, running=newest.running, waiting=newest.waiting, kv_cache_usage=newest.kv_cache_usage)
+            p50, p95 = (first_token_percentiles(self.first_tokens, engine.preset.name, now) if first_tokens
+                        else (None, None))
             views.append(replace(
-                view, running=running, waiting=waiting, kv_cache_usage=kv,
-                unfinished=view.unfinished + sum(r["unfinished"] for r in reports),
-                streams=view.streams + sum(r["streams"] for r in reports),
-                generated_tokens=view.generated_tokens + sum(r["generated_tokens"] for r in reports),
+                view, unfinished=view.unfinished + sum(r.unfinished for r in seen),
+                streams=view.streams + sum(r.streams for r in seen),
+                generated_tokens=view.generated_tokens + sum(r.generated_tokens for r in seen),
                 ttft_p50_s=p50, ttft_p95_s=p95))
         return views
 
-    # --- the workers -----------------------------------------------------------------------
+    def _watch(self, engine: Engine, on: bool) -> None:
+        """Restart the engine the moment one of its core's processes ends (on), or no longer (off)."""
+        loop = asyncio.get_running_loop()
+        for sentinel in engine.core.sentinels if engine.core is not None else []:
+            if on:
+                loop.add_reader(sentinel, self._core_ended, engine)
+            else:
+                loop.remove_reader(sentinel)
 
-    def settled(self, worker: int) -> bool:
-        """Whether UI worker `worker` (its current process) has ended its first engine start."""
-        return any(p.worker == worker and p.settled for p in self.peers.values())
+    def _core_ended(self, engine: Engine) -> None:
+        self._watch(engine, False)
+        if self.registry.peek(engine.preset) is engine and not self.registry.closing:
+            self.registry.restart(engine)
 
-    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = Peer(next(self._numbers), writer)
-        self.peers[peer.number] = peer
-        try:
-            while (message := await control.receive(reader)) is not None:
-                self._take(peer, message)
-        except ValueError:
-            log.warning("A UI worker sent a message the owner cannot read; its connection is closed")
-        finally:
-            del self.peers[peer.number]
-            peer.gone()
-            if self.capacity is not None and self.capacity["peer"] == peer.number:
-                self.capacity = None
-            writer.close()
-            self._snapshot_now.set()
+    # --- the workers ------------------------------------------------------------------------
 
-    def _take(self, peer: Peer, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "hello":
-            peer.worker = message.get("worker")
-        elif op == "answer":
-            peer.answered(message)
-        elif op == "report":
+    def _take(self, ident: bytes, message: control.Message) -> None:
+        peer = self.peers.get(ident)
+        if isinstance(message, control.Hello):
+            self.peers[ident] = Peer(ident, message.worker)
+            self.news()
+        elif peer is None:
+            log.warning("A UI worker that did not say hello sent %r", message.op)
+        elif peer.calls.answered(message):
+            pass
+        elif isinstance(message, control.Report):
             self._record(peer, message)
-        elif op == "acquire":
-            asyncio.get_running_loop().create_task(self._acquire(peer, message))
-        elif op == "dead":
-            engine = self._engines.get(message.get("key", ""))
-            if engine is not None and engine.generation == message.get("generation") and engine.died:
-                self.restart(engine)
-        elif op in ("capacity_take", "capacity_give_back", "capacity_stop"):
-            asyncio.get_running_loop().create_task(self._capacity(peer, op, message))
+        elif isinstance(message, control.Acquire):
+            control.background(self._acquire(peer, message))
+        elif isinstance(message, control.Capacity):
+            control.background(self._capacity(peer, message))
         else:
-            log.warning("A UI worker sent an unknown message (%r)", op)
+            log.warning("A UI worker sent %r, which the owner does not take", message.op)
 
-    def _record(self, peer: Peer, message: dict[str, Any]) -> None:
-        peer.reports = message.get("engines", {})
-        peer.settled = peer.settled or bool(message.get("settled"))
-        now = time.monotonic()
-        for key, report in peer.reports.items():
-            engine = self._engines.get(key)
-            if engine is not None:
-                engine.last_used = max(engine.last_used, now - report.get("idle_s", 1e9))
-        for preset, seconds in message.get("first_tokens", []):
-            self.first_tokens.append((now, preset, seconds))
+    def _record(self, peer: Peer, report: control.Report) -> None:
+        peer.report, now = report, time.monotonic()
+        for engine in self.registry:
+            if (seen := report.engines.get(engine.key)) is not None:
+                engine.last_used = max(engine.last_used, now - seen.idle_s)
+        self.first_tokens.extend((now, preset, seconds) for preset, seconds in report.first_tokens)
+        if report.settled and not peer.settled:
+            peer.settled = True
+            self.on_settled(peer.worker)
+        self.news()
 
-    async def _acquire(self, peer: Peer, message: dict[str, Any]) -> None:
-        ident = message["id"]
+    async def _acquire(self, peer: Peer, ask: control.Acquire) -> None:
+        answer: control.Granted | control.Refused
         try:
-            preset = self.catalog.get(str(message.get("preset")))
-        except PresetError as exc:
-            await peer.send({"op": "failed", "id": ident, "message": exc.message, "retry_in": 0})
-            return
-        try:
+            preset = self.catalog.get(ask.preset)
             while True:
-                async for _ in self.wait_until_ready(preset):
-                    engine = self.peek(preset)
-                    if engine is not None:
-                        await peer.send({"op": "status", "id": ident, "phase": engine.phase,
-                                         "elapsed": time.monotonic() - engine.started_at,
-                                         "delay": engine.start_delay_s})
-                engine = await self.get(preset)
-                taking = self._taking.get(engine.key)
-                if taking is None:
+                async for _ in self.registry.wait_until_ready(preset):
+                    if (engine := self.registry.peek(preset)) is not None:
+                        await self._send(peer, control.Progress(id=ask.id, phase=engine.phase, delay=engine.start_delay_s,
+                                                        elapsed=time.monotonic() - engine.started_at))
+                engine = await self.registry.get(preset)
+                if (taking := self._taking.get(engine.key)) is None:
                     break
                 await taking.wait()  # being put to sleep or unloaded: then wake or start it again
-        except EngineBusy as exc:
-            await peer.send({"op": "busy", "id": ident, "message": exc.message})
-            return
         except ChatError as exc:
-            failed = self.peek(preset)
-            retry_in = max(failed.retry_at - time.monotonic(), 0.0) if failed is not None else 0.0
-            await peer.send({"op": "failed", "id": ident, "message": exc.message, "retry_in": retry_in})
-            return
-        holders = self._holders.setdefault(engine.key, {})
-        if message.get("have") == engine.generation and peer.number in holders:
-            await peer.send({"op": "ready", "id": ident})
-            return
-        free = self._free.get(engine.key, [])
-        if not free or engine.core is None:
-            await peer.send({"op": "failed", "id": ident, "message": NO_SLOT.format(name=preset.name), "retry_in": 60})
-            return
-        holders[peer.number] = index = free.pop(0)
-        await peer.send({"op": "slot", "id": ident, "generation": engine.generation,
-                         "slot": engine.core.slot(index).as_dict()})
+            answer = control.Refused(id=ask.id, message=exc.message, busy=isinstance(exc, EngineBusy))
+        else:
+            answer = self._grant(peer, engine, ask)
+        await self._send(peer, answer)
 
-    async def _capacity(self, peer: Peer, op: str, message: dict[str, Any]) -> None:
-        holder = self.peers.get(self.capacity["peer"]) if self.capacity else None
-        if op == "capacity_take":
-            if holder is not None and holder is not peer:
-                answer = {"ok": False, "message": "A capacity test is already running; wait for it to end, or press Stop."}
-            else:
-                self.capacity = {"peer": peer.number, "presets": message.get("presets", []),
-                                 "ends_at": time.time() + float(message.get("nominal_s", 0)), "by": message.get("by", "")}
-                answer = {"ok": True}
-            await peer.send({"op": "answer", "id": message.get("id"), **answer})
-        elif op == "capacity_give_back" and holder is peer:
+    def _grant(self, peer: Peer, engine: Engine, ask: control.Acquire) -> control.Granted | control.Refused:
+        holders, free = self._holders.setdefault(engine.key, set()), self._free.get(engine.key, [])
+        if ask.have == engine.generation and peer.ident in holders:
+            return control.Granted(id=ask.id, generation=engine.generation)
+        if not free or engine.core is None:
+            return control.Refused(id=ask.id, message=NO_SLOT.format(name=engine.preset.name))
+        holders.add(peer.ident)
+        return control.Granted(id=ask.id, generation=engine.generation, slot=engine.core.slot(free.pop(0)))
+
+    async def _capacity(self, peer: Peer, message: control.Capacity) -> None:
+        holder = self.peers.get(self.capacity[0]) if self.capacity else None
+        if message.act == "take":
+            taken = holder is not None and holder is not peer
+            if not taken and message.test is not None:
+                self.capacity = (peer.ident, message.test)
+            await self._send(peer, control.Answer(id=message.id, ok=not taken, message=CAPACITY_TAKEN if taken else ""))
+        elif message.act == "give_back" and holder is peer:
             self.capacity = None
-        elif op == "capacity_stop" and holder is not None:
-            await holder.send({"op": "capacity_stop"})
-        self._snapshot_now.set()
+        elif message.act == "stop" and holder is not None:
+            await self._send(holder, control.Capacity(act="stop"))
+        self.news()
+
+    async def _ask(self, peer: Peer, question: control.EngineNews, within_s: float = ASK_TIMEOUT_S) -> control.Message | None:
+        """Send a question and wait for the worker's answer (None if it went; TimeoutError if it is slow)."""
+        assert self.line is not None
+        with peer.calls.open() as (ident, answers):
+            await self.line.send(question.model_copy(update={"id": ident}), peer.ident)
+            async with asyncio.timeout(within_s):  # not wait_for, which may lose a cancel (chat/stream.py `paced`)
+                return await answers.get()
+
+    async def _send(self, peer: Peer, message: control.Message) -> None:
+        if self.line is not None:
+            with contextlib.suppress(ConnectionError):  # gone: the supervisor tells us (`forget`)
+                await self.line.send(message, peer.ident)
+
+    async def _tell_all(self, message: control.Message) -> None:
+        for peer in list(self.peers.values()):
+            await self._send(peer, message)
 
     async def _broadcast(self) -> None:
+        """A snapshot to every worker when something changed, at most every SNAPSHOT_GAP_S; and
+        while an engine starts, every second (its status line counts the seconds), and once the last
+        minute's times to first token have aged out."""
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SNAPSHOT_EVERY_S):
-                    await self._snapshot_now.wait()
-            self._snapshot_now.clear()
+            await self._news.wait()
+            self._news.clear()
             try:
-                snapshot = self.snapshot()
+                snapshot = control.Snapshot(engines=self.registry.overview(first_tokens=True), workers=self.worker_states(),
+                                    capacity=self.capacity[1] if self.capacity else None)
             except Exception:  # a bug here must not leave the workers without news for good
                 log.exception("The engines' snapshot for the UI workers failed")
                 continue
-            for peer in list(self.peers.values()):
-                await peer.send(snapshot)
-
-    def snapshot(self) -> dict[str, Any]:
-        capacity = None
-        if self.capacity is not None:
-            capacity = {k: v for k, v in self.capacity.items() if k != "peer"}
-        return {"op": "snapshot", "engines": [v.as_dict() for v in self.overview(first_tokens=True)],
-                "workers": self.worker_states(), "capacity": capacity}
+            await self._tell_all(snapshot)
+            if self._timer is not None:
+                self._timer.cancel()
+            if any(view.state == EngineState.STARTING.value for view in snapshot.engines):
+                self._timer = loop.call_later(1.0, self.news)
+            elif any(view.ttft_p50_s is not None for view in snapshot.engines):
+                self._timer = loop.call_later(FIRST_TOKENS_WINDOW_S, self.news)
+            await asyncio.sleep(SNAPSHOT_GAP_S)

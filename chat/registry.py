@@ -5,14 +5,16 @@ keeps the loaded ones within a memory budget by unloading (or, on CUDA, putting 
 recently used idle engine, never unloads an engine under streams in flight unless asked to, backs
 off after failed starts, and restarts an engine whose process died.
 
-With several UI workers the same decisions are made once, for all of them, by the supervisor's
-`EngineOwner` (chat/owner.py, a subclass that asks the workers before it takes an engine away),
-and each worker's `LinkedRegistry` (chat/owner_link.py) asks the owner instead of deciding itself.
+What differs when other processes share the engines is given to the registry as its `Sharing`:
+with several UI workers the supervisor's `EngineOwner` (chat/owner.py) makes the same decisions
+once, for all of them, asking the workers before it takes an engine away, and each worker's
+`OwnerLink` (chat/owner_link.py) asks the owner for an engine instead of starting one itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -66,6 +68,48 @@ def first_token_percentiles(samples: Iterable[tuple[float, str, float]], preset:
     return percentile(recent, 50), percentile(recent, 95)
 
 
+class Sharing:
+    """How a registry's engines are shared with other processes: here, not at all (one process).
+
+    The registry calls these at the points where sharing changes what happens; chat/owner.py and
+    chat/owner_link.py each give their registry one of their own."""
+
+    async def prepare(self, engine: Engine) -> None:
+        """Before an engine is built: nothing here (a UI worker asks the owner for a client slot)."""
+
+    def build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
+        """Blocking (in a worker thread): start vLLM for `engine`, or join the core its slot names."""
+        engine.build(make_room)
+
+    async def wake(self, engine: Engine) -> None:
+        await engine.wake_up()
+
+    async def may_take(self, engine: Engine) -> bool:
+        """Whether an engine may be put to sleep or unloaded now to make room: nobody is using it."""
+        return not engine.in_use
+
+    def taken(self, engine: Engine) -> None:
+        """An engine `may_take` allowed is asleep or unloaded now (or the attempt failed)."""
+
+    async def before_unload(self, engine: Engine, reason: str) -> None:
+        """Before an engine's processes stop: nothing here (the owner lets its clients go first)."""
+
+    def died(self, engine: Engine) -> bool:
+        """An engine's process died: whether this registry restarts it (a UI worker leaves that to the owner)."""
+        return True
+
+    def changed(self, engine: Engine) -> None:
+        """An engine's start or wake ended, or it went to sleep or was unloaded."""
+
+    def views(self, own: list[EngineView], first_tokens: bool) -> list[EngineView]:
+        """The app's engines, from this process's `own` views."""
+        return own
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The UI workers serving the app and their states (none: this process serves alone)."""
+        return []
+
+
 async def wait_ready(engine: Engine) -> None:
     """Return once the engine's start or wake (the registry's task) has ended with it ready; raise
     EngineBusy when it was refused for lack of room, EngineError when it failed or was unloaded."""
@@ -80,8 +124,10 @@ async def wait_ready(engine: Engine) -> None:
 class EngineRegistry:
     """The engines of this process, keyed by configuration, within one memory budget."""
 
-    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256) -> None:
+    def __init__(self, memory_budget: float | None = None, max_waiting: int = 256,
+                 sharing: Sharing | None = None) -> None:
         self._engines: dict[str, Engine] = {}
+        self.sharing = sharing or Sharing()
         self.memory_budget = memory_budget  # None: no limit
         self.max_waiting = max_waiting
         self.closing = False  # the app is shutting down: an engine start that fails now was stopped
@@ -119,7 +165,8 @@ class EngineRegistry:
         if current is not dead:
             return current or self.start(dead.preset)  # already being replaced
         dead.state, dead.error = EngineState.FAILED, RESTARTING
-        self._gone(dead, RESTARTING)
+        if not self.sharing.died(dead):
+            return dead
         healthy = dead.ready_at is not None and time.monotonic() - dead.ready_at > HEALTHY_UPTIME_S
         crashes = 1 if healthy else dead.failures + 1
         delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
@@ -144,15 +191,17 @@ class EngineRegistry:
 
     async def wait_until_ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str, None]:
         """Yield a status line every `every_s` while the preset's engine starts or wakes; return once
-        it is ready. Raises EngineError (EngineBusy when there is no room for it now)."""
+        it is ready. Raises EngineError (EngineBusy when there is no room for it now). An engine
+        `held` (the owner of shared engines may be taking it away) is asked for again once released."""
         engine = self.prepare(preset)
-        while engine.state is EngineState.STARTING:
-            yield engine.status()
-            try:
+        while engine.state is EngineState.STARTING or engine.held is not None:
+            held = engine.held
+            yield engine.status() if held is None else f"Waiting for the engine for {preset.name}…"
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(every_s):  # not wait_for, which loses a cancel (chat/stream.py `paced`)
-                    await wait_ready(engine)
-            except TimeoutError:
-                continue
+                    await (wait_ready(engine) if held is None else held.wait())
+            if held is not None and engine.held is None:  # released: it may be asleep or unloaded now
+                engine = self.prepare(preset)
         await wait_ready(engine)
 
     async def ready(self, preset: Preset, every_s: float = 1.0) -> AsyncGenerator[str | Engine, None]:
@@ -181,13 +230,16 @@ class EngineRegistry:
         engine.refusal = None
         try:
             await self.make_room(engine)
-            await engine.wake_up()
-            self._changed(engine)
+            await self.sharing.wake(engine)
         except EngineBusy as exc:
             engine.state, engine.refusal = EngineState.SLEEPING, exc
+        except ChatError as exc:  # said in words already (a UI worker's owner could not wake it)
+            self._mark_failed(engine, exc.message)
         except Exception as exc:
             log.exception("Waking the engine for %r failed", engine.preset.name)
             self._mark_failed(engine, f"The engine for {engine.preset.name} could not wake up ({exc}).")
+        finally:
+            self.sharing.changed(engine)
 
     async def _run_start(self, engine: Engine, replacing: Engine | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -202,6 +254,7 @@ class EngineRegistry:
             if engine.start_delay_s:
                 engine.phase = f"waiting {engine.start_delay_s:.0f} s before trying again"
                 await asyncio.sleep(engine.start_delay_s)
+            await self.sharing.prepare(engine)
             await asyncio.to_thread(self._build_unless_closing, engine, make_room)
         except EngineBusy as exc:
             engine.refusal, engine.state = exc, EngineState.CLOSED
@@ -225,7 +278,8 @@ class EngineRegistry:
             engine.state = EngineState.READY
             engine.ready_at = time.monotonic()
             log.info("Engine for %r ready in %.1f s", engine.preset.name, engine.start_seconds)
-            self._changed(engine)
+        finally:
+            self.sharing.changed(engine)
 
     def _mark_failed(self, engine: Engine, message: str) -> None:
         engine.state = EngineState.FAILED
@@ -255,7 +309,7 @@ class EngineRegistry:
                           key=lambda e: e.last_used)
             victim = None
             for candidate in idle:
-                if await self._may_take(candidate):
+                if await self.sharing.may_take(candidate):
                     victim = candidate
                     break
             if victim is None:
@@ -267,21 +321,21 @@ class EngineRegistry:
                 if victim.can_sleep and victim.llm is not None:
                     log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
                     await victim.sleep()
-                    self._changed(victim)
+                    self.sharing.changed(victim)
                 else:
                     log.info("Unloading %r to make room for %r", victim.preset.name, incoming.preset.name)
                     await self.unload(victim)
             finally:
-                self._taken(victim)
+                self.sharing.taken(victim)
 
     async def unload(self, engine: Engine, reason: str = "This model was unloaded by the operator.") -> None:
         """Unload an engine; streams in flight end with `reason` (aborted first, or they hang)."""
         await engine.abort_streams(reason)
-        await self._before_unload(engine, reason)
+        await self.sharing.before_unload(engine, reason)
         await engine.close()
         if self._engines.get(engine.key) is engine:
             del self._engines[engine.key]
-        self._changed(engine)
+        self.sharing.changed(engine)
 
     async def close_all(self) -> None:
         """Unload every engine, all at once: each waits seconds for its processes to end."""
@@ -311,16 +365,14 @@ class EngineRegistry:
                 engine.key, engine.preset.name, engine.state.value, engine.status(), engine.load.running,
                 engine.load.waiting, engine.load.kv_cache_usage, engine.num_unfinished(), engine.streams,
                 engine.start_seconds, engine.load.generated_tokens, p50, p95))
-        return views
+        return self.sharing.views(views, first_tokens)
 
     def workers(self) -> list[dict[str, Any]]:
         """The UI workers serving the app and their states (none: this process serves alone)."""
-        return []
+        return self.sharing.workers()
 
     def view(self, preset: Preset) -> EngineView | None:
         return next((v for v in self.overview() if v.key == preset.engine_key), None)
-
-    # --- what the owner of engines shared by several processes does differently (chat/owner.py) ----
 
     def _build_unless_closing(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
         """A start asked for as the app stops (a page's first message, the default engine of an app
@@ -330,26 +382,6 @@ class EngineRegistry:
             raise RuntimeError("the app is stopping")
         self.building[engine.key] = engine
         try:
-            self._build(engine, make_room)
+            self.sharing.build(engine, make_room)
         finally:
             self.building.pop(engine.key, None)
-
-    def _build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
-        """Blocking (in a worker thread): start vLLM for `engine`."""
-        engine.build(make_room)
-
-    async def _may_take(self, engine: Engine) -> bool:
-        """Whether an engine may be put to sleep or unloaded now to make room: nobody is using it."""
-        return not engine.in_use
-
-    def _taken(self, engine: Engine) -> None:
-        """An engine `_may_take` allowed is asleep or unloaded now (or the attempt failed)."""
-
-    async def _before_unload(self, engine: Engine, reason: str) -> None:
-        """Before an engine's processes stop: nothing here; the owner lets its clients go first."""
-
-    def _gone(self, engine: Engine, reason: str) -> None:
-        """An engine died: nothing more here; the owner tells its clients."""
-
-    def _changed(self, engine: Engine) -> None:
-        """An engine became ready, went to sleep or was unloaded: nothing here; the owner tells every worker."""

@@ -237,7 +237,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.errors import ChatError, PresetError
     from chat.live import ReplyStore
     from chat.monitor import Monitor
-    from chat.owner_link import LinkedRegistry, OwnerLink
+    from chat.owner_link import OwnerLink
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
     from chat.service import Admission, ChatService
@@ -262,8 +262,8 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     try:
         default = catalog.get(args.preset)
         link = OwnerLink(worker.folder, worker.index) if worker is not None else None
-        registry: EngineRegistry = (LinkedRegistry(link, max_waiting=args.max_waiting) if link is not None else
-                                    EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
+        registry = (EngineRegistry(max_waiting=args.max_waiting, sharing=link) if link is not None else
+                    EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
         admission = Admission(args.concurrency_limit, args.max_waiting) if args.concurrency_limit > 0 else None
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission)
@@ -288,7 +288,6 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
 
     from chat import metrics
     from chat.auth import LoginLimit
-    from chat.owner_link import LinkedRegistry
     from chat.ui import CSS, HEAD, live_script
     from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors, serve_on, warm_event_path
     from chat.ui.page_shell import PageShell, shell_of
@@ -302,9 +301,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
     async def lifespan(_: object) -> AsyncIterator[None]:
         loop = shutdown.loop = asyncio.get_running_loop()
         background = []
-        if app.link is not None and isinstance(registry, LinkedRegistry):
-            await app.link.open()
-            background.append(loop.create_task(registry.report()))
+        if app.link is not None:
+            await app.link.open(registry)
         first = registry.start(app.default)  # in the background; the page is usable while it loads
         background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run())]
         if worker is None:  # a worker's address is private: the supervisor announces the public one

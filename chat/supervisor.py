@@ -32,23 +32,24 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chat import control, logs
+from chat import logs
 from chat.errors import PresetError, first_line
 from chat.front_door import MISSING, FrontDoor, caddy_binary
 from chat.presets import PresetCatalog
 
-if TYPE_CHECKING:
-    from chat.owner import EngineOwner
+if TYPE_CHECKING:  # imported where used: chat.control imports prometheus_client, which must see its folder first
+    from chat.control import WorkerState
+    from chat.engine import Engine
 
 log = logging.getLogger("chat.supervisor")
 
-CHECK_EVERY_S = 0.5
 STOP_WAIT_S = 15.0
 FRONT_DOOR_START_S = 10.0
 
@@ -92,6 +93,13 @@ def port_is_free(host: str, port: int) -> str | None:
     return None
 
 
+def private_folder() -> Path:
+    """A new folder only this user can enter: the owner's socket and the engine cores' sockets."""
+    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
+    os.chmod(folder, 0o700)
+    return folder
+
+
 def run_worker(args: argparse.Namespace, index: int, folder: Path, port: socket.socket) -> None:
     """A UI worker's process: chat/server.py listening on `port`, the private port in `args`."""
     from chat.lifeline import exit_without_teardown
@@ -108,10 +116,8 @@ def run_worker(args: argparse.Namespace, index: int, folder: Path, port: socket.
 class WorkerProcess:
     index: int
     bound: socket.socket  # private_port()
+    state: WorkerState
     process: BaseProcess | None = None
-    # starting, serving (listening, and its first engine start has ended: /healthz waits for every
-    # worker's first), restarting, stopped
-    state: str = "starting"
 
     def __post_init__(self) -> None:
         # Read once: a socket that has stopped listening reports port 0 until it listens again.
@@ -119,18 +125,32 @@ class WorkerProcess:
 
 
 class Supervisor:
+    """Runs the engine owner, the front door and the workers, and acts on what happens to them:
+    a process that ends (its sentinel, or a thread that waits for Caddy), a worker whose first
+    engine start has ended (the owner says so), a stop signal."""
+
     def __init__(self, args: argparse.Namespace, catalog: PresetCatalog, count: int, caddy: Path,
                  folder: Path) -> None:
+        from chat.control import WorkerState, WorkerView, background
+        from chat.owner import EngineOwner
+        from chat.server import memory_budget
+
         self.args, self.catalog, self.caddy, self.folder = args, catalog, caddy, folder
-        self.workers = [WorkerProcess(i, private_port()) for i in range(count)]
+        self.workers = [WorkerProcess(i, private_port(), WorkerState.STARTING) for i in range(count)]
         self.stopping = asyncio.Event()
-        self.look_now = asyncio.Event()  # set when a worker's process ends, so its port refuses at once
+        self.ending = False  # the workers and the front door stop now: not started again
         self.spawn = multiprocessing.get_context("spawn")
         self.front = FrontDoor(args.host, args.port, [w.port for w in self.workers], folder)
+        self.owner = EngineOwner(catalog, folder, count, memory_budget(args), args.max_waiting)
+        self.owner.worker_states = lambda: [WorkerView(index=w.index, state=w.state) for w in self.workers]
+        self.owner.on_settled = lambda index: background(self.serving(self.workers[index]))
+        self.url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
+        self.default = catalog.get(args.preset)
+        self.first: Engine | None = None
+        self.announced = False
 
     async def run(self) -> int:
-        from chat.owner import EngineOwner
-        from chat.server import end_starting_engines, memory_budget
+        from chat.server import end_starting_engines
 
         loop = asyncio.get_running_loop()
 
@@ -138,7 +158,6 @@ class Supervisor:
             if not self.stopping.is_set():
                 print(logs.STOPPING, flush=True)
             self.stopping.set()
-            self.look_now.set()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop)
@@ -146,38 +165,28 @@ class Supervisor:
         if problem is not None:
             print(f"Cannot listen on {self.args.host}:{self.args.port} ({problem}); pick another --port.", file=sys.stderr)
             return 2
-        default = self.catalog.get(self.args.preset)
-        owner = EngineOwner(self.catalog, self.folder, len(self.workers), memory_budget(self.args), self.args.max_waiting)
-        owner.worker_states = lambda: [{"index": w.index, "state": w.state} for w in self.workers]
-        serving = loop.create_task(owner.serve(), name="engine owner")
-        first = owner.start(default)
-        url = f"http://{'127.0.0.1' if self.args.host in ('0.0.0.0', '::') else self.args.host}:{self.args.port}/"
-        print(f"Starting {len(self.workers)} UI workers; the page will be at {url}", flush=True)
+        engines = self.owner.registry
+        serving = loop.create_task(self.owner.serve(), name="engine owner")
+        self.first = engines.start(self.default)
+        print(f"Starting {len(self.workers)} UI workers; the page will be at {self.url}", flush=True)
+        front = None
         try:
             if not await self.open_front_door():
                 return 2
+            front = loop.create_task(self.keep_front_door())
             for worker in self.workers:
                 self.start_worker(worker)
-            announced = False
-            while not self.stopping.is_set():
-                await self.look_after(owner)
-                if not announced and first.ready_at is not None and all(w.state == "serving" for w in self.workers):
-                    print(logs.ready_line(default.name, url), flush=True)
-                    announced = True
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that comes as
-                # its wait ends (chat/stream.py `paced`).
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CHECK_EVERY_S):
-                        await self.look_now.wait()
-                self.look_now.clear()
+            await self.stopping.wait()
             return 0
         finally:
-            owner.closing = True  # no engine start begins while the workers stop
+            self.ending = engines.closing = True  # no engine start begins while the workers stop
             started = time.monotonic()
             self.front.stop()
+            if front is not None:
+                front.cancel()
             await asyncio.to_thread(self.stop_workers)
-            await owner.close_all()
-            end_starting_engines(owner)  # cut short: the exit would wait for each whole start
+            await engines.close_all()
+            end_starting_engines(engines)  # cut short: the exit would wait for each whole start
             serving.cancel()
             if self.stopping.is_set():
                 print(logs.stopped_line(time.monotonic() - started), flush=True)
@@ -185,7 +194,7 @@ class Supervisor:
     async def open_front_door(self) -> bool:
         self.front.start(self.caddy)
         deadline = time.monotonic() + FRONT_DOOR_START_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # Caddy says nothing when it listens: ask its port
             if not self.front.alive:
                 code = self.front.process.returncode if self.front.process else None
                 print(f"The front door (Caddy) could not start on {self.args.host}:{self.args.port} (exit code {code}; "
@@ -196,6 +205,16 @@ class Supervisor:
             await asyncio.sleep(0.1)
         return self.front.alive
 
+    async def keep_front_door(self) -> None:
+        """Start the front door again whenever it stops (a thread waits for its process)."""
+        while self.front.process is not None:
+            code = await asyncio.to_thread(self.front.process.wait)
+            if self.ending:
+                return
+            log.error("The front door (Caddy) stopped (exit code %s); starting it again", code)
+            await asyncio.sleep(1.0)  # not in a tight loop where it cannot start
+            await self.open_front_door()
+
     def start_worker(self, worker: WorkerProcess) -> None:
         worker_args = argparse.Namespace(**{**vars(self.args), "host": "127.0.0.1", "port": worker.port, "share": False})
         # The socket travels to the spawned process as a duplicated descriptor (multiprocessing's reduction).
@@ -203,41 +222,49 @@ class Supervisor:
                                      name=f"UIWorker-{worker.index}")
         process.start()
         worker.process = process
-        loop, ended = asyncio.get_running_loop(), process.sentinel
+        asyncio.get_running_loop().add_reader(process.sentinel, self.worker_ended, worker, process)
 
-        def on_end() -> None:
-            loop.remove_reader(ended)
-            self.look_now.set()
-
-        loop.add_reader(ended, on_end)
-
-    async def look_after(self, owner: EngineOwner) -> None:
+    def worker_ended(self, worker: WorkerProcess, process: BaseProcess) -> None:
+        """A worker's process ended: its port refuses at once, and another starts on it."""
         from chat import metrics
+        from chat.control import WorkerState
 
-        if not self.front.alive:
-            log.error("The front door (Caddy) stopped (exit code %s); starting it again",
-                      self.front.process.returncode if self.front.process else None)
-            await self.open_front_door()
-        for worker in self.workers:
-            process = worker.process
-            if process is None:
-                continue
-            if not process.is_alive():
-                _metrics_of_dead_process(process.pid)
-                stop_listening(worker.bound)
-                log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
-                worker.state = "restarting"
-                metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
-                self.start_worker(worker)
-            elif worker.state != "serving" and owner.settled(worker.index) and await _listening("127.0.0.1", worker.port):
-                worker.state = "serving"
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        if self.ending:
+            return
+        _metrics_of_dead_process(process.pid)
+        stop_listening(worker.bound)
+        log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
+        worker.state = WorkerState.RESTARTING
+        metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
+        self.owner.forget(worker.index)
+        self.start_worker(worker)
+
+    async def serving(self, worker: WorkerProcess) -> None:
+        """A worker whose first engine start has ended serves once it listens (at once, as a rule)."""
+        from chat import metrics
+        from chat.control import WorkerState
+
+        process = worker.process
+        while process is worker.process and process is not None and process.is_alive():
+            if await _listening("127.0.0.1", worker.port):
+                worker.state = WorkerState.SERVING
                 metrics.UI_WORKER_UP.labels(str(worker.index)).set(1)
                 log.info("UI worker %d serving (process %s)", worker.index, process.pid)
+                self.owner.news()
+                if not self.announced and self.first is not None and self.first.ready_at is not None and all(
+                        w.state is WorkerState.SERVING for w in self.workers):
+                    print(logs.ready_line(self.default.name, self.url), flush=True)
+                    self.announced = True
+                return
+            await asyncio.sleep(0.1)
 
     def stop_workers(self) -> None:
+        from chat.control import WorkerState
+
         processes = [w.process for w in self.workers if w.process is not None]
         for worker in self.workers:
-            worker.state = "stopped"
+            worker.state = WorkerState.STOPPED
         for process in processes:
             process.terminate()
         deadline = time.monotonic() + STOP_WAIT_S
@@ -297,7 +324,7 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
     if args.share:
         log.warning("--share makes no public link with several UI workers (Gradio's link reaches one process); "
                     "publish the front door's port yourself, or use --ui-workers 1.")
-    folder = control.private_folder()
+    folder = private_folder()
     # Before anything imports prometheus_client, in this process and the ones it starts.
     metrics_dir = folder / "metrics"
     metrics_dir.mkdir()

@@ -1,4 +1,4 @@
-"""The engine owner's decisions with several UI workers, over its real socket: an engine is taken
+"""The engine owner's decisions with several UI workers, over its real line (chat/control.py): an engine is taken
 away only when every worker says it is idle there, and every worker learns what became of it.
 vLLM sleeps only on CUDA, so the engines here have a stand-in for AsyncLLM's sleep and wake-up (as
 in tests/test_registry.py); tests/test_workers.py runs the real engines on the CPU."""
@@ -12,8 +12,9 @@ import pytest
 
 from chat.engine import Engine, EngineState
 from chat.owner import EngineOwner
-from chat.owner_link import LinkedRegistry, OwnerLink
+from chat.owner_link import OwnerLink
 from chat.presets import PresetCatalog
+from chat.registry import EngineRegistry
 from tests.conftest import eventually
 from tests.test_registry import SleepyLLM as SleepOnly
 
@@ -29,6 +30,13 @@ class SleepyLLM(SleepOnly):
             return 0
 
 
+class Worker:
+    """One UI worker's side: its registry and its line to the owner."""
+
+    def __init__(self, registry: EngineRegistry, link: OwnerLink) -> None:
+        self.registry, self.link = registry, link
+
+
 @pytest.fixture
 async def owner_and_workers(monkeypatch, default_preset, tmp_path):
     monkeypatch.setattr("chat.engine.on_cpu", lambda: False)  # sleep mode is offered on CUDA only
@@ -40,49 +48,49 @@ async def owner_and_workers(monkeypatch, default_preset, tmp_path):
     for preset, state in zip(presets, (EngineState.READY, EngineState.SLEEPING), strict=True):
         engine = Engine(preset=preset, state=state, memory_need=0.6, generation=1)
         engine.llm = SleepyLLM()  # type: ignore[assignment]
-        owner._engines[engine.key] = owner_engines[preset.name] = engine
+        owner.registry._engines[engine.key] = owner_engines[preset.name] = engine
     serving = asyncio.get_running_loop().create_task(owner.serve())
     workers = []
     for index in range(2):
-        link = OwnerLink(tmp_path, index, on_lost=lambda: None)
-        registry = LinkedRegistry(link)
-        await eventually(lambda: (tmp_path / "owner.sock").exists(), within_s=5)
-        await link.open()
+        link = OwnerLink(tmp_path, index)
+        registry = EngineRegistry(sharing=link)
         engine = Engine(preset=presets[0], state=EngineState.READY, generation=1)  # each worker joined A's core
         engine.llm = SleepyLLM()  # type: ignore[assignment]
         engine.last_used = 0.0
         registry._engines[engine.key] = engine
-        workers.append(registry)
+        await link.open(registry)
+        workers.append(Worker(registry, link))
     assert await eventually(lambda: len(owner.peers) == 2, within_s=5)
     yield owner, owner_engines, workers
     for worker in workers:
-        worker.link.writer.close()
+        worker.link.close()
     serving.cancel()
     await asyncio.gather(serving, return_exceptions=True)
 
 
 async def test_an_engine_in_use_on_any_worker_is_not_put_to_sleep(owner_and_workers):
     owner, engines, (first, second) = owner_and_workers
-    busy = second.peek(engines["A"].preset)
+    busy = second.registry.peek(engines["A"].preset)
     busy._streams["a reply"] = lambda reason: None
-    owner.prepare(engines["B"].preset)
+    owner.registry.prepare(engines["B"].preset)
     await engines["B"].task
     assert engines["A"].state is EngineState.READY and engines["A"].llm.calls == []
     assert engines["B"].state is EngineState.SLEEPING and engines["B"].refusal is not None
     # The workers asked to hold A's new requests were told to go on.
-    assert await eventually(lambda: all(w.peek(engines["A"].preset).held is None for w in (first, second)), 5)
+    assert await eventually(lambda: all(w.registry.peek(engines["A"].preset).held is None for w in (first, second)), 5)
 
 
 async def test_an_engine_idle_on_every_worker_sleeps_and_every_worker_learns_it(owner_and_workers):
     owner, engines, workers = owner_and_workers
-    owner.prepare(engines["B"].preset)
+    owner.registry.prepare(engines["B"].preset)
     await engines["B"].task
     assert engines["A"].llm.calls == ["sleep"] and engines["B"].llm.calls == ["wake"]
     assert engines["B"].state is EngineState.READY
     for worker in workers:
-        assert await eventually(lambda w=worker: w.peek(engines["A"].preset).state is EngineState.SLEEPING, 5)
-        assert worker.peek(engines["A"].preset).held is None
-    assert await eventually(lambda: {v.preset: v.state for v in workers[0].overview()} == {"A": "sleeping", "B": "ready"}, 5)
+        assert await eventually(lambda w=worker: w.registry.peek(engines["A"].preset).state is EngineState.SLEEPING, 5)
+        assert worker.registry.peek(engines["A"].preset).held is None
+    assert await eventually(
+        lambda: {v.preset: v.state for v in workers[0].registry.overview()} == {"A": "sleeping", "B": "ready"}, 5)
 
 
 async def test_one_capacity_test_at_a_time_across_workers(owner_and_workers):
@@ -117,55 +125,44 @@ class GatedSleep(SleepyLLM):
 class Core:
     """A shared core's slots, as the owner hands them out."""
 
+    sentinels: list[int] = []
+
     def slot(self, index: int) -> object:
         from chat.engine_core import EngineSlot
 
         return EngineSlot(f"ipc://in-{index}", f"ipc://out-{index}", 7, index)
 
 
-class Listener:
-    """A worker's end of the line, as the owner's acquire sees it."""
-
-    number = 99
-
-    def __init__(self) -> None:
-        self.sent: list[dict] = []
-
-    async def send(self, message: dict) -> None:
-        self.sent.append(message)
-
-
 async def test_a_worker_asking_for_an_engine_being_put_to_sleep_gets_it_woken_not_a_sleeping_one(owner_and_workers):
-    owner, engines, _ = owner_and_workers
+    owner, engines, (first, _) = owner_and_workers
     a, b = engines["A"], engines["B"]
     a.llm = GatedSleep()  # type: ignore[assignment]
     a.core = b.core = Core()  # type: ignore[assignment]
     owner._free = {a.key: [3, 4], b.key: [3, 4]}
-    owner.prepare(b.preset)  # B wakes; A, idle everywhere, is being put to sleep to make room
+    owner.registry.prepare(b.preset)  # B wakes; A, idle everywhere, is being put to sleep to make room
     assert await eventually(lambda: a.key in owner._taking, 5)
-    newcomer = Listener()
-    asking = asyncio.get_running_loop().create_task(owner._acquire(newcomer, {"id": 1, "preset": "A", "have": None}))
+    newcomer = Engine(preset=a.preset)  # a worker's client, not joined yet
+    asking = asyncio.get_running_loop().create_task(first.link._acquire(newcomer, None))
     await asyncio.sleep(0.2)
-    assert not asking.done() and not [m for m in newcomer.sent if m["op"] == "slot"], "it waits while A is taken"
+    assert not asking.done(), "it waits while A is taken"
     a.llm.gate.set()
-    await asyncio.wait_for(asking, 10)
+    granted = await asyncio.wait_for(asking, 10)
     assert a.llm.calls == ["sleep", "wake"] and a.state is EngineState.READY  # woken again for the newcomer
     assert b.state is EngineState.SLEEPING
-    assert newcomer.sent[-1]["op"] == "slot"
+    assert granted.slot is not None and granted.slot.index == 3
 
 
 async def test_a_worker_counts_as_started_once_its_first_engine_has_joined_and_warmed_up(owner_and_workers):
     """What the supervisor waits for before a worker is "serving" (and /healthz says ok at start):
     a worker still joining its core shares its processor with that work."""
     owner, engines, (first, _) = owner_and_workers
-    joining = first.peek(engines["A"].preset)
+    settled: list[int] = []
+    owner.on_settled = settled.append
+    joining = first.registry.peek(engines["A"].preset)
     joining.state = EngineState.STARTING
-    reporting = asyncio.get_running_loop().create_task(first.report())
-    try:
-        assert await eventually(lambda: any(p.worker == 0 and p.reports for p in owner.peers.values()), 5)
-        assert not owner.settled(0) and not first.settled()
-        joining.state = EngineState.READY
-        assert await eventually(lambda: owner.settled(0), 5)
-        assert not owner.settled(1)  # the other worker has said nothing yet
-    finally:
-        reporting.cancel()
+    first.link.changed(joining)
+    assert await eventually(lambda: any(p.worker == 0 and p.report for p in owner.peers.values()), 5)
+    assert settled == []
+    joining.state = EngineState.READY
+    first.link.changed(joining)
+    assert await eventually(lambda: settled == [0], 5)  # the other worker has said nothing yet

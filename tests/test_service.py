@@ -133,10 +133,10 @@ async def test_an_engine_a_reply_has_picked_is_in_use_before_its_stream_starts(s
     replying = asyncio.create_task(events_of(service, ask()))
     await asyncio.wait_for(rendering.wait(), timeout=60)
     assert engine.streams == 0 and engine.in_use
-    assert not await registry._may_take(engine)
+    assert not await registry.sharing.may_take(engine)
     go_on.set()
     assert isinstance((await replying)[-1], Finished)
-    assert not engine.in_use and await registry._may_take(engine)
+    assert not engine.in_use and await registry.sharing.may_take(engine)
 
     async def broken_render(self, messages):
         raise RuntimeError("a bug")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chat.lifeline import ends_with_parent
+from chat.shedding import BODY_WITHIN_S, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, UPLOAD_PATH
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,15 @@ MISSING = ("Several UI workers need the Caddy web server in front of them, and i
 # /login too: an address's failed sign-ins are then all counted by one worker (chat/auth.py).
 BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*", "/login", "/login/")
 HEAD_TIMEOUT_S = 10
-IDLE_TIMEOUT_S = 120
+# A request's head and body must both have arrived this long after it began (Go's ReadTimeout, which
+# Caddy calls read_body): a body gets what the head left of it, as chat/shedding.py gives one alone.
+REQUEST_READ_S = HEAD_TIMEOUT_S + BODY_WITHIN_S
+IDLE_TIMEOUT_S = 30  # a browser opens a new connection for free; an idle one holds a descriptor
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
 RETRY_FOR_S = 5
+TOO_LARGE = (f"This request's body is larger than this app takes ({MAX_UPLOAD_BYTES >> 20} MB for an upload, "
+             f"{MAX_BODY_BYTES >> 20} MB for anything else).")
 # What a request gets when no worker answered within RETRY_FOR_S: while the app starts, or all its
 # workers are being replaced. Said by Caddy (no worker can), and not logged as an error.
 NO_WORKER = "The app is starting, or restarting a part of itself; try again in a few seconds."
@@ -114,6 +120,7 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 		protocols h1
 		timeouts {{
 			read_header {HEAD_TIMEOUT_S}s
+			read_body {REQUEST_READ_S:.0f}s
 			idle {IDLE_TIMEOUT_S}s
 		}}
 		max_header_size {MAX_HEADER_BYTES // 1024}KB
@@ -121,12 +128,22 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 }}
 http://:{port} {{
 	bind {host}
+	@upload path {UPLOAD_PATH} {UPLOAD_PATH}/*
+	request_body @upload {{
+		max_size {MAX_UPLOAD_BYTES}
+	}}
+	request_body {{
+		max_size {MAX_BODY_BYTES}
+	}}
 	@by_address path {" ".join(BY_ADDRESS)}
 	handle @by_address {{
 		{proxy("client_ip_hash")}
 	}}
 	handle {{
 		{proxy("round_robin")}
+	}}
+	handle_errors 413 {{
+		respond "{TOO_LARGE}" 413
 	}}
 	handle_errors 502 503 {{
 		header Retry-After 5

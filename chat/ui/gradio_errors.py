@@ -20,8 +20,8 @@ import orjson
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from gradio import route_utils
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from chat.errors import ChatError
 
@@ -112,7 +112,29 @@ async def plain_request_errors(request: Request, exc: Exception) -> JSONResponse
     return JSONResponse({"detail": sentence}, status_code=422)
 
 
-PLAIN_REQUEST_ERRORS = {RequestValidationError: plain_request_errors}  # launch(app_kwargs={"exception_handlers": ...})
+async def body_not_received(request: Request, exc: Exception) -> Response:
+    """A request whose body stopped coming: the client went away mid-upload, or its body was not in
+    time or too large (chat/shedding.py BodyLimits noted which). One INFO line, where Starlette's
+    ClientDisconnect would reach uvicorn as an error with a traceback; the client, if still there,
+    gets the sentence and the connection closes."""
+    from chat.shedding import BODY_TOO_LARGE, BODY_TOO_SLOW, BODY_WITHIN_S, SCOPE_KEY
+
+    noted = request.scope.get(SCOPE_KEY, {})
+    what = f"{request.method} {request.url.path[:100]}"
+    if noted.get("overdue"):
+        log.info("Closed a request whose body had not arrived within %.0f s: %s", BODY_WITHIN_S, what)
+        status, sentence = 408, BODY_TOO_SLOW.format(BODY_WITHIN_S)
+    elif limit := noted.get("too_large"):
+        log.info("Closed a request whose body was over %d MB: %s", limit // (1024 * 1024), what)
+        status, sentence = 413, BODY_TOO_LARGE.format(limit // (1024 * 1024))
+    else:
+        log.info("A client went away before its request's body had arrived: %s", what)
+        status, sentence = 400, "The request's body did not arrive."
+    return PlainTextResponse(sentence + "\n", status_code=status, headers={"Connection": "close"})
+
+
+# launch(app_kwargs={"exception_handlers": ...})
+PLAIN_REQUEST_ERRORS = {RequestValidationError: plain_request_errors, ClientDisconnect: body_not_received}
 
 
 NO_SUCH_STREAM = ("There is no event {} waiting to be read; join the queue first (POST /gradio_api/queue/join "

@@ -59,6 +59,10 @@ name below still has the shape used, and fails naming it and the Gradio version.
      (httpx 5 s, Node's fetch 4 s, aiohttp 15 s), so they let go first; not much longer, since every
      idle connection holds a file descriptor of the app's process. Behind the front door, Caddy lets
      go first (3 s).
+   - The limits that shed a flood (chat/shedding.py, which names the uvicorn attributes it reads):
+     `_PatientServer.startup` wraps the loaded app (`config.loaded_app`) in the request body's
+     limits and, where the app faces clients itself, puts the cap on connections per address in
+     front of uvicorn's protocol (`config.http_protocol_class`).
 
 7. Inputs that hand their values to the chat function unchecked (chat/ui/components.py) are
    subclasses the browser must draw as the component they extend (`drawn_as_base`: `is_template`).
@@ -97,6 +101,7 @@ from gradio.components import State
 from gradio.state_holder import SessionState
 from starlette.requests import HTTPConnection
 
+from chat.shedding import BodyLimits, capped, connections_per_address
 from chat.ui import gradio_errors
 from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
 
@@ -426,15 +431,29 @@ GRADIO_SERVER: dict[str, Any] = {"Server": http_server.Server, "start_server": h
 
 
 class _PatientServer(http_server.Server):
-    """Item 6: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s."""
+    """Item 6: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s, with
+    the limits that shed floods (chat/shedding.py): a request body's time and size, and, where it
+    faces clients, a cap on each address's connections and a time limit for a request head."""
+
+    faces_clients = True
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         config.timeout_keep_alive = IDLE_CONNECTION_S
         super().__init__(config, *args, **kwargs)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn has loaded its config: the app and the protocol class it is about to serve with.
+        self.config.loaded_app = BodyLimits(self.config.loaded_app)
+        if self.faces_clients:
+            self.config.http_protocol_class = capped(self.config.http_protocol_class, connections_per_address())
+        await super().startup(sockets)
+
 
 class _ServerOnSocket(_PatientServer):
-    """Gradio's server thread (it stops with the app's `close()`), accepting on an open socket."""
+    """Gradio's server thread (it stops with the app's `close()`), accepting on an open socket: a UI
+    worker's, behind the front door (every connection is Caddy's, which applies the limits itself)."""
+
+    faces_clients = False
 
     def __init__(self, config: Any, listener: socket.socket) -> None:
         super().__init__(config)

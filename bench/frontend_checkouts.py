@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ class App:
     server: Server | None = None
     url: str = ""
     source_log: Path | None = None
+    timeline_log: Path | None = None  # the app's moments of each page reply (bench/frontend_timeline.py)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for its process (an experiment's switch)
 
     def source_records(self, since: float, offset: int) -> list[dict[str, Any]]:
         """The token source's records of requests that arrived at it since `since`."""
@@ -74,8 +76,10 @@ def _describe(root: Path) -> str:
     return sha + (" + uncommitted changes to app.py/chat" if dirty else "")
 
 
-def start_apps(apps: list[App], args: argparse.Namespace, logs: Path, preset: dict[str, Any]) -> None:
-    """Starts every app, then waits until each answers /healthz."""
+def start_apps(apps: list[App], args: argparse.Namespace, logs: Path, preset: dict[str, Any],
+               source_tag: str = "") -> None:
+    """Starts every app, then waits until each answers /healthz. With `source_tag` (a pattern that finds
+    the benchmark's request number in a prompt) each also records its timeline (bench/frontend_timeline.py)."""
     for app in apps:
         port = free_port()
         app.url = f"http://127.0.0.1:{port}/"
@@ -83,6 +87,10 @@ def start_apps(apps: list[App], args: argparse.Namespace, logs: Path, preset: di
         env = base_env({"BENCH_APP_ROOT": str(app.root), "BENCH_STEP_MS": str(args.step_ms),
                         "BENCH_SOURCE_LOG": str(app.source_log), "BENCH_APP_CPUS": args.app_cpus,
                         "BENCH_NICE": str(args.nice)})
+        env.update(app.env)
+        if source_tag:
+            app.timeline_log = logs / f"timeline-{app.label}.jsonl"
+            env.update(BENCH_SOURCE_TAG=source_tag, BENCH_TIMELINE_LOG=str(app.timeline_log))
         argv = [python(), str(ROOT / "bench" / "frontend_app.py"), "--port", str(port), "--presets-dir",
                 str(PRESET.parent), "--preset", preset["name"], "--max-waiting", "8192", *args.app_arg]
         app.server = Server(f"app {app.label}", argv, logs / f"app-{app.label}.log", env=env).start()

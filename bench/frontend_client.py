@@ -46,6 +46,10 @@ class Turn:
     done: float | None = None  # every event of the turn ended
     requests: int = 0  # HTTP requests the turn made (stream connections not counted)
     error: str | None = None
+    # A page's moments by name (monotonic): a new visitor's arrival, page load and mount (the
+    # "visitor" door), the begun reply's first text on the socket and the drawing of its box.
+    marks: dict[str, float] = field(default_factory=dict)
+    begun: str | None = None  # the id of the reply the page began over its socket
 
 
 @dataclass
@@ -118,9 +122,27 @@ async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, re
     return _turn(index, tab, watch, seeded)
 
 
+async def visitor_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request) -> Turn:
+    """A new visitor: loads the page, which mounts (heartbeat, load events, socket), then sends the
+    message as soon as the page is ready (open loop: bench/frontend_rates.py)."""
+    arrived = time.monotonic()
+    tab = Tab(http, url, page)
+    try:
+        await tab.load_page()
+        page_loaded = time.monotonic()
+        await tab.mount()
+    except BaseException:
+        await tab.close()
+        raise
+    turn = await browser_turn(http, url, page, index, request, tab)
+    turn.marks.update(arrived=arrived, page_loaded=page_loaded)
+    return turn
+
+
 def _turn(index: int, tab: Tab, watch: Watch, seeded: int) -> Turn:
     turn = Turn(index, watch.started, joined=watch.joined, process_started=watch.process_started, ended=watch.ended,
-                done=time.monotonic(), requests=tab.trace.direct + tab.trace.queued - seeded)
+                done=time.monotonic(), requests=tab.trace.direct + tab.trace.queued - seeded, begun=watch.begun)
+    turn.marks.update({k: v for k, v in (("box", watch.box_at), ("first_delta", watch.first_delta)) if v is not None})
     turn.updates, turn.text = list(watch.updates), watch.text
     turn.error = watch.error or ("; ".join(tab.trace.errors) or None) or (None if watch.ended else "no reply")
     return turn
@@ -140,6 +162,8 @@ async def ws_turn(url: str, index: int, request: Request, preset: str, sampling:
 def _take(http: httpx.AsyncClient, url: str, page: Page | None, protocol: str, index: int, request: Request,
           ws: dict[str, Any], tab: Tab | None = None) -> Any:
     """One turn through `protocol`'s door (a coroutine); `tab`: one already open for it."""
+    if protocol == "visitor":
+        return visitor_turn(http, url, page, index, request)
     if protocol in ("browser", "browser-late"):
         return browser_turn(http, url, page, index, request, tab, protocol)
     if protocol == "api":

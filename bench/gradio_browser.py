@@ -44,6 +44,7 @@ class Watch:
     live: str = ""  # the reply as the page's live.js holds it (every delta over the WebSocket)
     begun: str | None = None  # the id of the reply the page began over its socket (chat/live.py)
     box_at: float | None = None  # when Gradio drew that reply's box: the page shows its text from then
+    first_delta: float | None = None  # the begun reply's first text arrived on the page's socket
     ended: float | None = None
     error: str | None = None
 
@@ -78,6 +79,7 @@ class Tab:
         self._early: dict[str, list[dict[str, Any]]] = defaultdict(list)  # messages before their join returned
         self._socket: Any = None  # the page's own WebSocket (/chat), which live.js opens as the page loads
         self._socket_reader: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None  # Gradio's session heartbeat (`mount`)
 
     async def pin(self) -> None:
         """Take the UI worker the front door gives a newcomer, and the visitor's cookie the app gives
@@ -85,8 +87,14 @@ class Tab:
         benchmark's tabs share one HTTP client, so one cookie jar: the header wins)."""
         if self._pinned:
             return
+        await self.load_page()
+
+    async def load_page(self) -> None:
+        """A new visitor's page load: the page (Gradio builds it, config and all, for each load) and
+        the cookies the app sets with it, kept as in `pin`."""
         self._pinned = True
         response = await self.http.get(self.root + "/", headers={"Cookie": ""})  # a page load, as a browser
+        response.raise_for_status()
         cookies = [f"{STICKY_COOKIE}={response.cookies.get(STICKY_COOKIE, '')}"]
         if voter := response.cookies.get(VOTER_COOKIE):
             cookies.append(f"{VOTER_COOKIE}={voter}")
@@ -101,7 +109,24 @@ class Tab:
                                                 additional_headers=self._cookie())
         self._socket_reader = asyncio.get_running_loop().create_task(self._read_socket())
 
+    async def mount(self) -> None:
+        """What the page does once loaded, before its visitor types: Gradio's client opens the
+        session's heartbeat stream and runs the page's `load` events, and live.js opens the socket."""
+        self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+        loads = [e for (_, name), events in self.page.listeners.items() if name == "load" for e in events]
+        await asyncio.gather(self.connect(), *(self.run(e) for e in loads))
+
+    async def _beat(self) -> None:
+        """Gradio's heartbeat stream for this session (open while the page is; its end closes the session)."""
+        url = f"{self.base}/heartbeat/{self.session}"
+        async with self.http.stream("GET", url, headers=self.headers) as response:
+            async for _ in response.aiter_lines():
+                pass
+
     async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
         if self._socket is not None:
             await self._socket.close()
         if self._socket_reader is not None:
@@ -112,6 +137,7 @@ class Tab:
             event = json.loads(raw)
             watch = self.watch
             if watch is not None and event.get("type") == "delta" and event.get("id") == watch.begun:
+                watch.first_delta = watch.first_delta or time.monotonic()
                 watch.live += event["text"]
                 watch.updates.append((time.monotonic(), self._length()))
 

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -77,6 +78,7 @@ class SourceRecord:
     script: tuple[int, ...] = ()  # a scripted reply's tokens (empty: the story, from an offset, to Max tokens)
     endless: bool = False  # the script again and again, to Max tokens
     priority: int = 0  # vLLM's request priority: lower goes first
+    tag: str = ""  # what the source's `tag` pattern found in the prompt (the benchmark's request number)
 
     @property
     def lag_mean(self) -> float:
@@ -87,8 +89,9 @@ class TokenSource:
     """What `AsyncLLM` holds as `engine_core`: requests in, one `EngineCoreOutputs` per step out."""
 
     def __init__(self, vllm_config: Any, tokenizer: Any, step_s: float = 0.025,
-                 log_path: Path | None = None, replies: tuple[Reply, ...] = ()) -> None:
+                 log_path: Path | None = None, replies: tuple[Reply, ...] = (), tag: str = "") -> None:
         self.step_s = step_s
+        self.tag = re.compile(tag) if tag else None  # its last match's first group goes into each record
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
         # Each scripted reply's tokens, encoded once (the detokenizer turns them back into its text).
@@ -119,6 +122,9 @@ class TokenSource:
         record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
                               (params.max_tokens if params is not None else None) or 16, time.monotonic(),
                               script=script, endless=endless, priority=getattr(request, "priority", 0) or 0)
+        if self.tag is not None:  # which of the benchmark's requests this is (the prompt's last match)
+            found = self.tag.findall(self.tokenizer.decode(list(request.prompt_token_ids or ())))
+            record.tag = found[-1] if found else ""
         # The engine's priority scheduling (only with the preset's scheduling_policy: priority, as vLLM's):
         # a lower value goes first, in order of arrival among equals.
         after = None
@@ -266,10 +272,11 @@ _ORIGINAL: list[Any] = []  # vLLM's own factory while replaced
 
 
 def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[Reply, ...] = (),
-            start_s: float = 0.0) -> list[TokenSource]:
+            start_s: float = 0.0, tag: str = "") -> list[TokenSource]:
     """Make every AsyncLLM created from now on in this process stream from a TokenSource
     (until `uninstall()`), with `replies` scripted, each taking `start_s` to start (as an engine core
-    loading its model would). Returns the list the sources are appended to as engines are built."""
+    loading its model would), each record tagged with what the regular expression `tag` finds in its
+    prompt. Returns the list the sources are appended to as engines are built."""
     from vllm.v1.engine import core_client
 
     sources: list[TokenSource] = []
@@ -279,7 +286,7 @@ def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[
         if renderer is None:
             raise NotSimulated("bench token source: AsyncLLM no longer hands its renderer to the engine core client")
         time.sleep(start_s)  # in the thread that builds the engine, as the real engine core's start blocks it
-        source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path, replies)
+        source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path, replies, tag)
         sources.append(source)
         log.warning("vLLM's engine core replaced by the bench token source: a token for every running request "
                     "every %.1f ms, at most %d running", 1e3 * step_s, source.max_num_seqs)

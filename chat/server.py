@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chat import logs
+from chat import heap, logs
 from chat.presets import PresetCatalog
 
 if TYPE_CHECKING:
@@ -288,6 +288,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
 
     from chat import metrics
     from chat.auth import LoginLimit
+    from chat.registry import wait_ready
     from chat.ui import CSS, HEAD, live_script
     from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors, serve_on, warm_event_path
     from chat.ui.page_shell import PageShell, shell_of
@@ -304,7 +305,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
         if app.link is not None:
             await app.link.open(registry)
         first = registry.start(app.default)  # in the background; the page is usable while it loads
-        background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run())]
+        background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run()),
+                       loop.create_task(heap.freeze_when_ready(wait_ready(first)))]  # no 0.5 s pauses while serving
         if worker is None:  # a worker's address is private: the supervisor announces the public one
             background.append(loop.create_task(
                 logs.say_when_ready(first, lambda: app.demo.local_url, lambda: app.demo.share_url)))

@@ -164,7 +164,8 @@ class BodyLimits:
         async def limited() -> dict[str, Any]:
             nonlocal received, complete
             if complete:
-                return await receive()  # the app waits for the client to go (a streamed answer)
+                message: dict[str, Any] = await receive()  # the app waits for the client to go (a streamed answer)
+                return message
             try:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()

@@ -31,6 +31,7 @@ cookie, so it follows what the page's Gradio events write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -149,8 +150,8 @@ class Connection:
         if earlier is not None and earlier.running:
             raise ApiError("duplicate_id", f"A reply with id {request_id!r} is still running; use a new id or cancel it first.")
         self.check_room()
-        reply_log = live.start(self.service, self.store, self.visitor, request_id, reply_request(request), owner=self,
-                               started_by="api")
+        reply_log = live.start(self.service, self.store, self.visitor, request_id,
+                               dataclasses.replace(reply_request(request), visitor=self.visitor), owner=self, started_by="api")
         self.follow(reply_log, 0)
 
     def check_room(self) -> None:
@@ -166,7 +167,7 @@ class Connection:
             return
         self.check_room()
         asked = ReplyRequest(request.message, request.history, preset=request.preset,
-                             system_prompt=request.system_prompt, sampling=request.sampling)
+                             system_prompt=request.system_prompt, sampling=request.sampling, visitor=self.visitor)
         self.follow(live.start(self.service, self.store, self.visitor, request.id, asked, owner=self,
                                started_by="page", lines=True), 0)
 

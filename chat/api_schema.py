@@ -12,7 +12,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from chat.errors import ChatError, EmptyMessage, EngineBusy, EngineError, InputError, PresetError, SettingsError
+from chat.errors import (
+    ChatError,
+    EmptyMessage,
+    EngineBusy,
+    EngineError,
+    InputError,
+    PresetError,
+    SettingsError,
+    VisitorBusy,
+)
 
 GRACE_S = 30.0  # a dropped connection's replies keep running this long, waiting to be resumed
 
@@ -93,6 +102,8 @@ def error_code(exc: ChatError) -> str:
         return "empty_message"
     if isinstance(exc, InputError):
         return "input_too_long"  # empty messages are told apart where they are checked
+    if isinstance(exc, VisitorBusy):
+        return "too_many_replies"
     if isinstance(exc, EngineBusy):
         return "busy"
     if isinstance(exc, EngineError):

@@ -36,7 +36,7 @@ ALREADY_RUNNING = "A capacity test is already running; wait for it to end, or pr
 
 log = logging.getLogger(__name__)
 
-SYNTHETIC_PRIORITY = 10  # vLLM serves lower numbers first; visitors' requests have 0
+SYNTHETIC_PRIORITY = 100  # vLLM serves lower numbers first; visitors' requests have 0 to 99 (chat/service.py)
 RESERVED_SHARE = 4  # 1/4 of an engine's slots stay free for visitors
 TICK_S = 0.1  # how often a step looks at the engine's queue
 FAILURE_PAUSE_S = 0.5

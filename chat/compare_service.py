@@ -111,24 +111,24 @@ class CompareService:
 
     async def send(self, comparison: Comparison | None, picked: Sequence[str], blind: bool, prompt: str,
                    settings: Sequence[Mapping[str, Any]], session: str, every_s: float = 0.0,
-                   link: bool = False) -> AsyncGenerator[CompareEvent, None]:
+                   link: bool = False, visitor: str = "") -> AsyncGenerator[CompareEvent, None]:
         """Add the prompt as a turn of `comparison` (or of a new one with the picked presets) and write
         every column's reply at once, redrawing at most once per `every_s` (or per the service's
         pacing interval if longer). With `link`, `Begun` carries the share link of the picked presets
         and settings (with the comparison's first prompt). Raises Busy, or ChatError with a sentence
-        for the person (nothing is added then)."""
+        for the person (nothing is added then). Each column's reply counts in `visitor`'s share."""
         with self._turn_of(session, prompt) as over:
             query = self.link(picked, comparison.blind if comparison else blind,
                               comparison.turns[0].prompt if comparison and comparison.turns else prompt,
                               settings) if link else ""
-            comparison, jobs = self._begin(comparison, picked, blind, prompt, settings, session)
+            comparison, jobs = self._begin(comparison, picked, blind, prompt, settings, session, visitor)
             yield Begun(comparison, jobs, query)
             async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `send` ends the columns
                 async for event in events:
                     yield event
 
     async def rerun(self, comparison: Comparison | None, turn: int | None, column: int, session: str,
-                    every_s: float = 0.0) -> AsyncGenerator[CompareEvent, None]:
+                    every_s: float = 0.0, visitor: str = "") -> AsyncGenerator[CompareEvent, None]:
         """That turn's prompt (the latest when None) again in one column, with its preset and exact
         settings: events as `send`'s."""
         if comparison is None:
@@ -138,7 +138,7 @@ class CompareService:
                 raise InputError(RERUN_FIRST)
             index = len(comparison.turns) - 1 if turn is None else int(turn)
             entry = comparison.add_rerun(index, column)
-            jobs = [self._job(comparison, entry, index, session, time.monotonic())]
+            jobs = [self._job(comparison, entry, index, session, time.monotonic(), visitor)]
             yield Begun(comparison, jobs)
             async with contextlib.aclosing(self._written(jobs, every_s, over)) as events:  # closing `rerun` ends the columns
                 async for event in events:
@@ -186,7 +186,7 @@ class CompareService:
                 yield event
 
     def _begin(self, comparison: Comparison | None, picked: Sequence[str], blind: bool, prompt: str,
-               settings: Sequence[Mapping[str, Any]], session: str) -> tuple[Comparison, list[Job]]:
+               settings: Sequence[Mapping[str, Any]], session: str, visitor: str) -> tuple[Comparison, list[Job]]:
         """The turn added: one job per column, with that column's preset and settings (`settings[i]`
         for `picked[i]`; blind, `settings[0]` for every column, or they could be told apart)."""
         text = check_text(prompt, "Your message", new_message=True)
@@ -200,15 +200,17 @@ class CompareService:
             sampling = [sampling_of(preset, picked, settings) for preset in presets]
         turn = comparison.add_turn(text, sampling)
         now = time.monotonic()  # one moment for all columns: their first-token times compare
-        return comparison, [self._job(comparison, entry, len(comparison.turns) - 1, session, now) for entry in turn.replies]
+        return comparison, [self._job(comparison, entry, len(comparison.turns) - 1, session, now, visitor)
+                            for entry in turn.replies]
 
-    def _job(self, comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float) -> Job:
+    def _job(self, comparison: Comparison, entry: ComparedReply, turn: int, session: str, submitted_at: float,
+             visitor: str) -> Job:
         """The request that writes one column's reply to a turn, with that column's preset and settings."""
         column = comparison.columns[entry.column]
         return Job(entry, ReplyRequest(
             comparison.turns[turn].prompt, comparison.history(entry.column, turn), preset=column.preset,
             system_prompt=column.system_prompt, sampling=entry.sampling, stop_key=stop_key(session),
-            submitted_at=submitted_at,
+            submitted_at=submitted_at, visitor=visitor,
         ))
 
     async def _write(self, jobs: Sequence[Job], every_s: float) -> AsyncGenerator[Wrote | Redraw | Ended, None]:

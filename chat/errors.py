@@ -9,6 +9,7 @@
     ├── Stopped                  the reader pressed Stop before the engine took the request
     └── EngineError              the engine cannot take or finish this request
         ├── EngineBusy           too many requests are waiting
+        │   └── VisitorBusy      this visitor has as many replies on their way as one may
         └── EngineFailed         the engine stopped working (it is restarted)
 
 `callers_fault` says whose mistake it is: the caller's (what they sent cannot be served as it is;
@@ -65,6 +66,10 @@ class EngineError(ChatError):
 
 
 class EngineBusy(EngineError):
+    pass
+
+
+class VisitorBusy(EngineBusy):
     pass
 
 

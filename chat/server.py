@@ -266,7 +266,8 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
                     EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
         admission = Admission(args.concurrency_limit, args.max_waiting) if args.concurrency_limit > 0 else None
-        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission)
+        service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission,
+                              per_visitor=max(args.replies_per_visitor, 0))
         service.preset(None)
     except PresetError as exc:
         raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc

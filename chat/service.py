@@ -21,14 +21,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chat import metrics
 from chat.engine import BUSY, Engine
-from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, InputError, Stopped
+from chat.errors import UNEXPECTED_ERROR, ChatError, EngineBusy, InputError, Stopped, VisitorBusy
 from chat.history import check_text, to_model_messages
 from chat.pacing import RedrawPacer
 from chat.presets import Preset, PresetCatalog
@@ -50,6 +50,7 @@ class ReplyRequest:
     system_prompt: str | None = None  # None: the preset's own; "" none at all
     sampling: Mapping[str, object] | Sampling = field(default_factory=dict)  # missing knobs take the preset's defaults
     stop_key: str | None = None  # `ChatService.stop(key)` stops every reply given this key
+    visitor: str = ""  # who asked (`chat.voters.visitor_of`), for their share; "" counts as nobody's
     submitted_at: float = field(default_factory=time.monotonic)
     # vLLM's scheduling priority, lower first; only engines whose preset sets `scheduling_policy:
     # priority` use it (the capacity test sends its synthetic users at a higher number).
@@ -94,6 +95,7 @@ ReplyEvent = Waiting | Writing | Finished | Failed
 
 
 STOPPED_BEFORE_START = "Stopped by you before the reply started."
+VISITOR_PRIORITY_STEPS = 99  # a visitor's replies at once beyond this count as this many (capacity tests run at 100)
 
 
 class _Ticket:
@@ -167,6 +169,8 @@ class ChatService:
     has_gpu: bool = False
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
     admission: Admission | None = None  # None: every reply goes to the engine at once (vLLM batches them)
+    per_visitor: int = 0  # --replies-per-visitor: one visitor's replies on their way at once (0: no cap)
+    _visitors: Counter[str] = field(default_factory=Counter)  # visitor -> their replies on their way
     _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
 
     # --- presets ---------------------------------------------------------------------------
@@ -204,6 +208,7 @@ class ChatService:
         ticket = self._issue(request.stop_key)
         engine: Engine | None = None
         admitted: Admission | None = None
+        counted = ""  # the visitor whose share this reply holds
         preset_name = UNKNOWN_PRESET  # a metrics label: never what a stranger typed (unbounded, maybe not even text)
         try:
             preset = self.preset(request.preset)
@@ -217,6 +222,8 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
+            ahead = self._take_share(request.visitor)
+            counted = request.visitor
             if self.admission is not None:
                 if self.admission.full:
                     yield Waiting(f"Waiting for a free slot: this demo writes {self.admission.limit} replies at once…")
@@ -238,7 +245,9 @@ class ChatService:
                 submitted_at=now,
                 # Time spent waiting for the engine to start is reported apart from time to first token.
                 engine_wait_s=max(now - request.submitted_at, 0.0),
-                priority=request.priority,
+                # A visitor's n-th reply at once waits behind everyone's first (vLLM's priority
+                # scheduling, where the preset has it), never behind a capacity test's users.
+                priority=request.priority + min(ahead, VISITOR_PRIORITY_STEPS),
             )
             async with contextlib.aclosing(self._stream(preset, ticket, redraws)) as writing:
                 async for event in writing:
@@ -259,6 +268,10 @@ class ChatService:
                 engine.replies -= 1
             if admitted is not None:
                 admitted.leave()
+            if counted:
+                self._visitors[counted] -= 1
+                if not self._visitors[counted]:
+                    del self._visitors[counted]
             self._release(ticket)
             if ticket.reply is not None and ticket.reply.stats is not None:
                 metrics.reply_finished(ticket.reply.stats)
@@ -286,6 +299,18 @@ class ChatService:
             self.pacer.ended()
             in_flight.dec()
 
+    def _take_share(self, visitor: str) -> int:
+        """Count a reply of `visitor`'s as on its way; how many they had already. VisitorBusy where
+        that is their whole share."""
+        if not visitor:
+            return 0
+        held = self._visitors[visitor]
+        if self.per_visitor and held >= self.per_visitor:
+            raise VisitorBusy(f"You have {held} replies being written already, as many as one visitor may; "
+                              "wait for one to finish (or stop one), then send this again.")
+        self._visitors[visitor] = held + 1
+        return held
+
     # --- Stop ------------------------------------------------------------------------------
 
     def stop(self, key: str | None) -> bool:
@@ -312,6 +337,8 @@ class ChatService:
 
 def _reason(exc: ChatError) -> str:
     """The `reason` label of chat_requests_rejected_total."""
+    if isinstance(exc, VisitorBusy):
+        return "visitor_share"
     if isinstance(exc, EngineBusy):
         return "busy"
     if isinstance(exc, InputError):

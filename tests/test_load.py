@@ -5,6 +5,7 @@ stand-in engine, whose quick replies found a Stop lost in Python 3.11's asyncio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import urllib.request
 from collections import Counter
@@ -13,6 +14,8 @@ import psutil
 
 from bench.gradio_stream import ChatResult, GradioChat, http_client
 from chat.stats import SUMMARY, Finish
+
+READERS_PER_VISITOR = 8
 
 PRESET = "SmolLM2 135M (CPU)"
 
@@ -41,8 +44,11 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list[ChatRe
     """`count` conversations at once; every one is followed to its end, whatever another meets (a
     failure is kept as its result's error instead of cancelling the others midway, which would leave
     requests behind and hide what went wrong)."""
-    async with http_client(count, 180.0) as http:
-        client = GradioChat(http, url)
+    # Eight readers to a visitor (each client keeps the voter cookie the app gives it), well within a
+    # visitor's share of replies at once (--replies-per-visitor).
+    async with contextlib.AsyncExitStack() as clients:
+        visitors = [GradioChat(await clients.enter_async_context(http_client(READERS_PER_VISITOR, 180.0)), url)
+                    for _ in range(max(1, count // READERS_PER_VISITOR))]
         jobs = []
         for i in range(count):
             leave = None
@@ -56,7 +62,7 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list[ChatRe
                 message, max_tokens = f"Conversation {i}: write a long story about {i % 7 + 2} colours.", 1000
             else:
                 message, max_tokens = f"Conversation {i}: name {i % 7 + 2} colours.", 24
-            jobs.append(client.chat(data(message, max_tokens), leave=leave))
+            jobs.append(visitors[i % len(visitors)].chat(data(message, max_tokens), leave=leave))
         results = await asyncio.gather(*jobs, return_exceptions=True)
     return [r if isinstance(r, ChatResult) else ChatResult(started=0.0, error=repr(r)) for r in results]
 

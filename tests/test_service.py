@@ -232,3 +232,40 @@ async def test_closing_the_compare_tabs_turn_between_updates_ends_every_column_a
         tab = CompareTab(CompareService(service), ReplyStore(), demo, tabs)
     updates = tab.compare(request_from(who), Board(), [CREATIVE, DETERMINISTIC], False, LONG, *PROGRAM_KNOBS * MAX_COLUMNS)
     await close_once_writing(updates, lambda _: engine.streams == 2, engine, streams=2)
+
+
+async def test_a_visitor_gets_a_share_of_replies_at_once_and_their_later_ones_wait_behind_others(service, engine):
+    """--replies-per-visitor: one visitor's replies on their way at once, from every front end, are
+    capped (one sentence beyond it, and a place again once one ends); another visitor is not touched;
+    and a visitor's n-th reply at once asks vLLM for priority n, behind everyone's first."""
+    from chat.errors import VisitorBusy
+    from chat.service import ReplyEvent
+    from tests.conftest import eventually
+
+    service.per_visitor = 2
+    long = {"sampling": {"max_tokens": 400, "temperature": 0.7}}
+    firsts: dict[str, Writing] = {}
+
+    async def read(request, keep: str | None = None) -> ReplyEvent:
+        async for event in service.reply(request):
+            if keep and isinstance(event, Writing) and keep not in firsts:
+                firsts[keep] = event
+        return event
+
+    try:
+        mine = [asyncio.create_task(read(ask("Tell me a long story.", visitor="voter:me", stop_key="mine", **long), f"mine{i}"))
+                for i in range(2)]
+        assert await eventually(lambda: len(firsts) == 2)
+        refused = await read(ask(visitor="voter:me"))
+        assert isinstance(refused, Failed) and isinstance(refused.error, VisitorBusy)
+        assert refused.error.message.startswith("You have 2 replies being written already")
+        assert isinstance(await read(ask(visitor="voter:someone-else")), Finished)  # not their share
+        assert isinstance(await read(ask(visitor="")), Finished)  # nobody's (a capacity test's users)
+        assert sorted(event.reply.priority for event in firsts.values()) == [0, 1]
+        service.stop("mine")
+        assert all(isinstance(event, Finished) for event in await asyncio.gather(*mine))
+        assert isinstance(await read(ask(visitor="voter:me")), Finished)  # a place again
+        assert not service._visitors
+    finally:
+        service.per_visitor = 0
+    assert await engine_idle(engine)

@@ -194,7 +194,7 @@ def reply_request(message: str, history: list[dict[str, Any]], request: gr.Reque
                   system_prompt: str, knob_values: tuple[float, ...] | list[float]) -> ReplyRequest:
     return ReplyRequest(
         message, history, preset=preset_name, system_prompt=system_prompt,
-        sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request),
+        sampling=dict(zip(KNOB_NAMES, knob_values, strict=True)), stop_key=stop_key(request), visitor=visitor_of(request),
     )
 
 

@@ -22,7 +22,7 @@ from chat.compare_service import Begun, Busy, CompareService, Ended, Job, Redraw
 from chat.errors import ChatError
 from chat.ui.compare_view import column_messages
 from chat.ui.messages import PROBLEM
-from chat.voters import Voter
+from chat.voters import Voter, visitor_of
 from chat.votes import VoteStore
 
 MAX_SESSIONS = 1000
@@ -91,7 +91,8 @@ class CompareApi:
         jobs: list[Job] = []
         try:
             async with contextlib.aclosing(self.comparisons.send(board.comparison, list(picked or []), bool(blind), prompt,
-                                                                 sampling or [], session)) as events:
+                                                                 sampling or [], session,
+                                                                 visitor=visitor_of(request) if request is not None else "")) as events:
                 async for event in events:
                     if isinstance(event, Begun):
                         board.comparison, jobs = event.comparison, event.jobs

@@ -255,7 +255,7 @@ class CompareTab:
                       *knob_values: Any) -> AsyncIterator[dict[Any, Any]]:
         """Send the prompt to every column (starting the comparison on the first one)."""
         send = functools.partial(self.comparisons.send, board.comparison, picked, blind, prompt, slot_settings(knob_values),
-                                 request.session_hash or "", link=True)
+                                 request.session_hash or "", link=True, visitor=visitor_of(request))
 
         def first(begun: Begun) -> dict[Any, Any]:
             return {self.board: board, self.prompt: "", self.status: "", self.link_query: begun.link,
@@ -270,7 +270,8 @@ class CompareTab:
     def rerun_in(self, column: int) -> Callable[..., AsyncIterator[dict[Any, Any]]]:
         async def rerun(board: Board, turn: int | None, request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
             """That turn's prompt again, in this column, with its preset and exact settings."""
-            send = functools.partial(self.comparisons.rerun, board.comparison, turn, column, request.session_hash or "")
+            send = functools.partial(self.comparisons.rerun, board.comparison, turn, column, request.session_hash or "",
+                                     visitor=visitor_of(request))
 
             def first(begun: Begun) -> dict[Any, Any]:
                 return {self.status: "", **self.chats(begun.comparison, begun.jobs),

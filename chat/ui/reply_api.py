@@ -16,6 +16,7 @@ import gradio as gr
 from chat.api_schema import error_code
 from chat.errors import Stopped
 from chat.service import ChatService, Failed, Finished, ReplyEvent, ReplyRequest
+from chat.voters import visitor_of
 
 
 def result_of(event: ReplyEvent | None) -> dict[str, Any]:
@@ -42,11 +43,12 @@ def reply_api(service: ChatService) -> None:
         system_prompt: str | None = None,
         sampling: dict[str, Any] | None = None,
         history: list[dict[str, Any]] | None = None,
+        request: gr.Request | None = None,  # Gradio's, not the caller's: whose share the reply counts in
     ) -> dict[str, Any]:
         """One reply, whole: {text, stats, finish, notice, error}. `sampling` takes the knobs by name,
         `history` earlier turns as {"role", "content"}; a preset or system prompt left out is the default."""
         request = ReplyRequest(message, history or (), preset=preset or None, system_prompt=system_prompt,
-                               sampling=sampling or {})
+                               sampling=sampling or {}, visitor=visitor_of(request) if request is not None else "")
         last: ReplyEvent | None = None
         async with contextlib.aclosing(service.reply(request)) as events:
             async for last in events:  # noqa: B007 - only the last event matters

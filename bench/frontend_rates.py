@@ -137,7 +137,9 @@ class Rates:
                           "top": sorted(stalls, key=lambda s: -s["ms"])[:10]},
                "gc": {"count": len(collections), "ms": round(sum(c["ms"] for c in collections)),
                       "max_ms": max((c["ms"] for c in collections), default=0.0),
-                      "gen2": sum(1 for c in collections if c["gen"] == 2)},
+                      "gen2": sum(1 for c in collections if c["gen"] == 2),
+                      # what a full collection walks (the unfrozen heap), after the run's last one
+                      "objects": next((c["objects"] for c in reversed(collections) if "objects" in c), None)},
                "first_error": next((t.error for t in turns if t.error), None)}
         slow = sorted(ok, key=lambda r: -r["ttft"])[: self.args.slow]
         for r in slow:  # the stalls that overlapped the reply's wait for its first text
@@ -197,7 +199,8 @@ def print_run(r: dict[str, Any]) -> None:
                  f"app {r['app_cores']:.2f} cores, client {r['client_cores']:.2f}, others {r['others_cores']:.2f}  "
                  f"stalls {r['stalls']['count']} ({r['stalls']['ms']} ms, max {r['stalls']['max_ms']:.0f}; "
                  f"meanwhile loop CPU {r['stalls']['loop_cpu_ms']} ms, other threads {r['stalls']['other_threads_ms']} ms)  "
-                 f"gc > 5 ms {r['gc']['count']} ({r['gc']['ms']} ms, max {r['gc']['max_ms']:.0f})")
+                 f"gc > 5 ms {r['gc']['count']} ({r['gc']['ms']} ms, max {r['gc']['max_ms']:.0f}; "
+                 f"{r['gc']['gen2']} full, then {r['gc']['objects'] or '-'} objects)")
     print(line, flush=True)
     if r.get("first_error"):
         print(f"    first error: {r['first_error'][:300]}", flush=True)

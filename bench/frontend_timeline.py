@@ -14,7 +14,8 @@ the machine's monotonic clock (the client's and the token source's too):
                                         loop's own thread loop_cpu_ms: a handler on the loop (loop_cpu
                                         near ms), another thread holding the interpreter (cpu near ms,
                                         loop_cpu small), or the process not running (both small)
-  {"k": "gc", "t": ..., "ms": ..., "gen": ...}   a garbage collection of generation gen over GC_MS
+  {"k": "gc", "t": ..., "ms": ..., "gen": ..., "objects": ...}   a garbage collection of generation gen over
+                                        GC_MS; after a full one, the objects it may walk next time
 
 The token source logs the rest (request handed to the engine core, first token out of it).
 """
@@ -73,7 +74,9 @@ class Recorder:
         if phase == "start":
             self._gc_at = time.monotonic()
         elif (took := (time.monotonic() - self._gc_at) * 1e3) > GC_MS:
-            self.write(k="gc", t=self._gc_at, ms=round(took, 1), gen=info.get("generation"))
+            full = info.get("generation") == 2  # then also what the next full collection will walk (not what is frozen)
+            self.write(k="gc", t=self._gc_at, ms=round(took, 1), gen=info.get("generation"),
+                       **({"objects": len(gc.get_objects())} if full else {}))
 
 
 def install(path: Path) -> Recorder:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chat.lifeline import ends_with_parent
-from chat.shedding import BODY_WITHIN_S, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, UPLOAD_PATH
+from chat.shedding import BODY_WITHIN_S
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,6 @@ IDLE_TIMEOUT_S = 30  # a browser opens a new connection for free; an idle one ho
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
 RETRY_FOR_S = 5
-TOO_LARGE = (f"This request's body is larger than this app takes ({MAX_UPLOAD_BYTES >> 20} MB for an upload, "
-             f"{MAX_BODY_BYTES >> 20} MB for anything else).")
 # What a request gets when no worker answered within RETRY_FOR_S: while the app starts, or all its
 # workers are being replaced. Said by Caddy (no worker can), and not logged as an error.
 NO_WORKER = "The app is starting, or restarting a part of itself; try again in a few seconds."
@@ -128,22 +126,12 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 }}
 http://:{port} {{
 	bind {host}
-	@upload path {UPLOAD_PATH} {UPLOAD_PATH}/*
-	request_body @upload {{
-		max_size {MAX_UPLOAD_BYTES}
-	}}
-	request_body {{
-		max_size {MAX_BODY_BYTES}
-	}}
 	@by_address path {" ".join(BY_ADDRESS)}
 	handle @by_address {{
 		{proxy("client_ip_hash")}
 	}}
 	handle {{
 		{proxy("round_robin")}
-	}}
-	handle_errors 413 {{
-		respond "{TOO_LARGE}" 413
 	}}
 	handle_errors 502 503 {{
 		header Retry-After 5

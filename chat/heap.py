@@ -35,7 +35,7 @@ def freeze() -> int:
     gc.collect()
     gc.freeze()
     frozen = gc.get_freeze_count()
-    log.info("Froze the start-up heap (%d objects) in %.2f s: full garbage collections skip it from now on",
+    log.debug("Froze the start-up heap (%d objects) in %.2f s: full garbage collections skip it from now on",
              frozen, time.monotonic() - started)
     return frozen
 

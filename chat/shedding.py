@@ -2,8 +2,9 @@
 
 A stranger's flood must not take the descriptors, the memory or the event loop that every other
 visitor needs (issue 47). Behind the front door (several UI workers, chat/front_door.py) Caddy
-faces clients and applies the same time and size limits itself; a worker then counts no address
-(every connection comes from Caddy), but keeps the body's time limit.
+faces clients and limits a request's time itself; a worker then counts no address (every
+connection comes from Caddy) and refuses no size (Gradio's own upload limit stays), but keeps the
+body's time limit.
 
 - **Connections per address** (`AddressCap`): an address (IPv6 by its /64, as chat/voters.py counts
   visitors) holds at most a quarter of the process's descriptor limit (256 under `ulimit -n 1024`);
@@ -144,8 +145,12 @@ class BodyLimits:
     gone (Starlette raises ClientDisconnect, answered by chat/ui/gradio_errors.py) and the client
     gets 408. Both answers close the connection."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, refuse_declared: bool = True) -> None:
         self.app = app
+        # Behind the front door the sizes are left to the app (Gradio's upload limit): a worker that
+        # answered before the body had arrived made Caddy reset the visitor's connection mid-upload
+        # (tests/test_hostile.py).
+        self.refuse_declared = refuse_declared
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -153,7 +158,7 @@ class BodyLimits:
             return
         limit = MAX_UPLOAD_BYTES if str(scope.get("path", "")).startswith(UPLOAD_PATH) else MAX_BODY_BYTES
         declared = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), b"")
-        if declared.isdigit() and int(declared) > limit:
+        if self.refuse_declared and declared.isdigit() and int(declared) > limit:
             await _refuse_unread(receive, send, BODY_TOO_LARGE.format(limit // (1024 * 1024)))
             return
         noted = scope.setdefault(SCOPE_KEY, {})
@@ -175,7 +180,7 @@ class BodyLimits:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 complete = not message.get("more_body", False)
-                if received > limit:
+                if received > limit and self.refuse_declared:
                     noted["too_large"] = limit
                     return {"type": "http.disconnect"}
             return message

@@ -433,7 +433,8 @@ GRADIO_SERVER: dict[str, Any] = {"Server": http_server.Server, "start_server": h
 class _PatientServer(http_server.Server):
     """Item 6: Gradio's server, keeping an idle connection `IDLE_CONNECTION_S` instead of 5 s, with
     the limits that shed floods (chat/shedding.py): a request body's time and size, and, where it
-    faces clients, a cap on each address's connections and a time limit for a request head."""
+    faces clients, a cap on each address's connections, a time limit for a request head, and a
+    body declared too large refused unread."""
 
     faces_clients = True
 
@@ -443,7 +444,7 @@ class _PatientServer(http_server.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn has loaded its config: the app and the protocol class it is about to serve with.
-        self.config.loaded_app = BodyLimits(self.config.loaded_app)
+        self.config.loaded_app = BodyLimits(self.config.loaded_app, refuse_declared=self.faces_clients)
         if self.faces_clients:
             self.config.http_protocol_class = capped(self.config.http_protocol_class, connections_per_address())
         await super().startup(sockets)

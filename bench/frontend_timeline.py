@@ -16,6 +16,13 @@ the machine's monotonic clock (the client's and the token source's too):
                                         loop_cpu small), or the process not running (both small)
   {"k": "gc", "t": ..., "ms": ..., "gen": ..., "objects": ...}   a garbage collection of generation gen over
                                         GC_MS; after a full one, the objects it may walk next time
+  {"k": "heap", "t": ..., "objects": ..., "new": {type: count}, "chains": [...], "holders": [...]}
+                                        on SIGUSR1 (a census): after a full collection, every object
+                                        alive (frozen or not), the types of those that were not at the
+                                        last census, for the commonest a chain of referrers up to an
+                                        object that was, and the older objects that hold the most new
+                                        ones (how many each reaches, and its own chain): send it once
+                                        visitors have come and gone, then again after more have
 
 The token source logs the rest (request handed to the engine core, first token out of it).
 """
@@ -26,7 +33,9 @@ import asyncio
 import gc
 import json
 import re
+import signal
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,7 @@ TICK_S = 0.005  # the stall watcher's sleep
 STALL_MS = 20.0  # a wake-up later than this is logged
 GC_MS = 5.0  # a garbage collection longer than this is logged
 ID = re.compile(r'"id": ?"([^"]+)"')
+CHAIN_DEPTH = 12  # referrers followed from a new object to an older one
 
 
 class Recorder:
@@ -42,6 +52,7 @@ class Recorder:
         self.sent: set[str] = set()
         self.watching = False
         self._gc_at = 0.0
+        self._census: set[int] = set()  # the ids of the objects alive at the last census
 
     def write(self, **fields: Any) -> None:
         self.out.write(json.dumps(fields) + "\n")
@@ -78,12 +89,114 @@ class Recorder:
             self.write(k="gc", t=self._gc_at, ms=round(took, 1), gen=info.get("generation"),
                        **({"objects": len(gc.get_objects())} if full else {}))
 
+    def census(self, *_: object) -> None:
+        """What each visitor leaves behind: run in the main thread (a signal's handler), between two
+        censuses taken once the visitors have gone. A frozen heap is thawed for it (the referrers of
+        an object are found among unfrozen ones only) and frozen again after, with what is alive then:
+        a diagnostic run's, not a measured one's."""
+        frozen = gc.get_freeze_count()
+        gc.unfreeze()
+        gc.collect()
+        everything = gc.get_objects()
+        ids = {id(o) for o in everything}
+        new = [o for o in everything if id(o) not in self._census]
+        counts: dict[str, int] = {}
+        for o in new:
+            counts[_name(o)] = counts.get(_name(o), 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:40]
+        chains, holders = [], []
+        if self._census:
+            for name, _ in top[:12]:
+                sample = next(o for o in new if _name(o) == name)
+                chains.append(_chain(sample, self._census, exclude={id(everything), id(new)}))
+            holders = _holders(new, self._census, exclude={id(everything), id(new)})
+        del everything, new
+        self._census = ids
+        if frozen:
+            gc.freeze()
+        self.write(k="heap", t=time.monotonic(), objects=len(ids), new=dict(top), chains=chains, holders=holders)
+
+
+def _holders(new: list[object], older: set[int], exclude: set[int], count: int = 15) -> list[dict[str, Any]]:
+    """The older objects that hold new ones, the most first: how many new objects each reaches
+    through new ones only (each counted for the first holder found to reach it), and its chain."""
+    fresh = {id(o): o for o in new}
+    direct = [r for r in gc.get_referrers(*new) if id(r) in older and id(r) not in exclude
+              and not isinstance(r, types.FrameType)]
+    mine = exclude | {id(fresh), id(direct)}  # this function's own containers refer to them all
+    claimed: set[int] = set()
+    found: list[tuple[int, object]] = []
+    for holder in direct:
+        reached, todo = 0, [r for r in gc.get_referents(holder) if id(r) in fresh and id(r) not in claimed]
+        while todo:
+            o = todo.pop()
+            if id(o) in claimed:
+                continue
+            claimed.add(id(o))
+            reached += 1
+            for r in gc.get_referents(o):
+                if id(r) in fresh and id(r) not in claimed:
+                    todo.append(r)
+        if reached:
+            found.append((reached, holder))
+    found.sort(key=lambda pair: -pair[0])
+    reaches = [reached for reached, _ in found[:count]]
+    top = [holder for _, holder in found[:count]]
+    del found, direct
+    out = []
+    for i in range(len(top)):  # by index: a loop's tuple of (count, holder) would be a referrer of its own
+        out.append({"reaches": reaches[i], "holder": _chain(top[i], set(), mine | {id(top)})[:6]})
+    return out
+
+
+def _name(o: object) -> str:
+    kind = type(o)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _chain(o: object, older: set[int], exclude: set[int]) -> list[str]:
+    """From `o`, one referrer at a time (an older one where there is one), to an object in `older`:
+    each link as its type and, for a dict, the keys it holds the last link under, or for a module's,
+    its name. (No comprehension here names `o`: that would make it a cell, a referrer of its own.)"""
+    links, seen = [_name(o)], {id(o)}
+    for _ in range(CHAIN_DEPTH):
+        target = o
+        found = []
+        for r in gc.get_referrers(target):
+            if id(r) not in exclude and id(r) not in seen and not isinstance(r, types.FrameType):
+                found.append(r)
+        if not found:
+            links.append("(no referrer)")
+            break
+        r = found[0]
+        for candidate in found:
+            if id(candidate) in older:
+                r = candidate
+                break
+        link = _name(r)
+        if isinstance(r, dict):
+            keys = []
+            for k, v in r.items():
+                if v is target:
+                    keys.append(repr(k)[:60])
+            link += f"[{', '.join(keys[:2])}]" if keys else ""
+            if isinstance(r.get("__name__"), str):
+                link += f" of {r['__name__']}"
+        links.append(link)
+        if id(r) in older:
+            links.append("(older)")
+            break
+        seen.add(id(r))
+        o = r
+    return links
+
 
 def install(path: Path) -> Recorder:
     from starlette.websockets import WebSocket
 
     recorder = Recorder(path)
     gc.callbacks.append(recorder.collected)
+    signal.signal(signal.SIGUSR1, recorder.census)
     receive, send_text = WebSocket.receive, WebSocket.send_text
 
     async def receive_recorded(self: WebSocket) -> Any:

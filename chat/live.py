@@ -87,6 +87,7 @@ class ReplyLog:
 
     def end(self) -> None:
         self.ended_at = time.monotonic()
+        self.owner = None  # nothing aborts it now: its socket (and all that hangs on it) need not stay while it is kept
         self._wake()
 
     def _wake(self) -> None:

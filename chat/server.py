@@ -291,7 +291,13 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
     from chat.auth import LoginLimit
     from chat.registry import wait_ready
     from chat.ui import CSS, HEAD, live_script
-    from chat.ui.gradio_internals import PLAIN_REQUEST_ERRORS, PlainGradioErrors, serve_on, warm_event_path
+    from chat.ui.gradio_internals import (
+        PLAIN_REQUEST_ERRORS,
+        PlainGradioErrors,
+        serve_on,
+        sessions_of_open_pages,
+        warm_event_path,
+    )
     from chat.ui.page_shell import PageShell, shell_of
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
@@ -307,7 +313,10 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
             await app.link.open(registry)
         first = registry.start(app.default)  # in the background; the page is usable while it loads
         background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run()),
-                       loop.create_task(heap.freeze_when_ready(wait_ready(first)))]  # no 0.5 s pauses while serving
+                       loop.create_task(heap.freeze_when_ready(wait_ready(first))),  # no 0.5 s pauses while serving
+                       # nor pauses that grow with every visitor served: a page gone for as long as a
+                       # dropped socket's replies wait for it leaves nothing in Gradio
+                       loop.create_task(sessions_of_open_pages(app.demo, keep_s=args.resume_grace_s))]
         if worker is None:  # a worker's address is private: the supervisor announces the public one
             background.append(loop.create_task(
                 logs.say_when_ready(first, lambda: app.demo.local_url, lambda: app.demo.share_url)))

@@ -67,7 +67,8 @@ SETTINGS: tuple[Setting, ...] = (
             "0 redraws on every token.", int),
     Setting("resume_grace_s", ("CHAT_RESUME_GRACE_S",), GRACE_S,
             "Seconds a WebSocket API reply keeps running after its connection drops, waiting for the client to "
-            "resume it; then it is stopped.", float),
+            "resume it; then it is stopped. A page gone this long (its Gradio heartbeat ended, no event since) "
+            "loses its Gradio session's state.", float),
     Setting("memory_budget_gb", ("CHAT_MEMORY_BUDGET_GB",), 0.0,
             "Memory the loaded engines may use together (CPU: GB of RAM; GPU: sum of gpu_memory_utilization). "
             "0 picks half the RAM on CPU and 1.0 on GPU. Loading past it unloads the least recently used idle engine.",

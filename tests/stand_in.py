@@ -10,11 +10,16 @@ the app under test is the real one; only the model's weights and the engine-core
 a second). Every feature also keeps a test on the real engine (docs/testing.md lists them).
 
     STAND_IN_STEP_MS=30 STAND_IN_START_S=3 python tests/stand_in.py --port 7861   # app.py's flags
+
+On SIGUSR1 it writes how many objects Python's garbage collector tracks (after a full collection,
+frozen ones included) as a line of its output, "stand-in heap: N objects" (tests/test_heap.py).
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -66,7 +71,13 @@ def replies():  # -> tuple[bench.token_source.Reply, ...]; imported lazily (benc
     )
 
 
+def count_objects(*_: object) -> None:
+    gc.collect()
+    print(f"stand-in heap: {len(gc.get_objects()) + gc.get_freeze_count()} objects", flush=True)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGUSR1, count_objects)
     sys.path.insert(0, str(ROOT))
     from bench.token_source import install
 

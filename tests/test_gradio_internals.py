@@ -6,12 +6,16 @@ app uses one."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import inspect
 import json
 import re
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gradio
 import gradio as gr
@@ -107,6 +111,7 @@ def test_an_unknown_block_is_still_missing(page):
 def test_the_queue_keeps_its_bookkeeping_down(page):
     queue = page._queue
     assert not queue.live_updates and queue.update_intervals == 1, "queue positions are sent once a second"
+    assert queue.ANALYTICS_MAX_EVENTS == 1, "one past event's record kept, not 10,000"
     finished = [{"function": "chat", "status": "success", "process_time": 0.1, "time": 0.0}] * 3
     queue.events_recorded += 3
     assert queue.compute_analytics_summary(finished) == {"functions": {}}, "no pandas summary after each event"
@@ -192,10 +197,10 @@ def test_item_1_session_state_as_replaced(page):
     gradio_has("BlocksConfig.blocks", textbox in theirs.blocks_config.blocks, "a dict of id -> block")
 
 
-def test_item_1_queue_reads_the_analytics_frequency():
+@pytest.mark.parametrize("name", ["GRADIO_ANALYTICS_CACHE_FREQUENCY", "GRADIO_ANALYTICS_MAX_EVENTS"])
+def test_item_1_queue_reads_the_analytics_settings(name):
     from gradio import queueing
 
-    name = "GRADIO_ANALYTICS_CACHE_FREQUENCY"
     gradio_has(name, name in inspect.getsource(queueing.Queue.__init__), "read by Queue.__init__")
 
 
@@ -312,6 +317,65 @@ def test_item_9_the_parameters_gradio_reads(page):
     names = [parameter["parameter_name"] for parameter in endpoints["/chat"]["parameters"]]
     gradio_has("__signature__ (inspect.signature)", set(KNOB_NAMES) <= set(names),
                f"the chat's API to take the knobs by name, got {names}")
+
+
+def sessions(*, delete_callback: Callable[[Any], None]) -> tuple[gr.Blocks, State]:
+    """A page with one gr.State, served (its StateHolder, its queue), as the app's page is."""
+    from gradio.routes import App
+
+    with gr.Blocks() as demo:
+        kept = gr.State("a visitor's", delete_callback=delete_callback)
+        box = gr.Textbox()
+        box.submit(lambda text, value: text, [box, kept], [box])
+    demo.queue()
+    App.create_app(demo)
+    return demo, kept
+
+
+def test_item_11_sessions_whose_page_is_gone_are_dropped():
+    deleted: list[Any] = []
+    demo, kept = sessions(delete_callback=deleted.append)
+    holder, long_ago = demo.state_holder, datetime.datetime.now() - datetime.timedelta(seconds=60)
+    for session in ("open", "closed just now", "gone", "gone, with an event queued"):
+        holder[session][kept._id] = f"{session}'s value"  # what an event writes
+        holder[session].is_closed = session != "open"
+        if session.startswith("gone") or session == "open":
+            holder.time_last_used[session] = long_ago
+    demo._queue.pending_event_ids_session["gone, with an event queued"] = {"an event"}
+    assert gradio_internals.drop_closed_sessions(demo, keep_s=30) == 1
+    assert list(holder.session_data) == ["open", "closed just now", "gone, with an event queued"]
+    assert "gone" not in holder.time_last_used
+    assert deleted == ["gone's value"], "its States' delete callbacks ran, as when Gradio drops a session"
+    assert holder["gone"][kept._id] == "a visitor's", "a page that comes back starts a new session"
+
+
+async def test_item_11_the_sweep_runs_until_the_server_stops(monkeypatch):
+    demo, _ = sessions(delete_callback=lambda value: None)
+    swept = asyncio.Event()
+    monkeypatch.setattr(gradio_internals, "drop_closed_sessions", lambda blocks, keep_s: swept.set() or 0)
+    sweeping = asyncio.create_task(gradio_internals.sessions_of_open_pages(demo, keep_s=30, every_s=0.01))
+    await asyncio.wait_for(swept.wait(), 5)
+    sweeping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sweeping
+
+
+def test_item_11_gradios_session_bookkeeping():
+    from gradio import routes, state_holder
+
+    heartbeat = inspect.getsource(routes.App.create_app)
+    gradio_has("SessionState.is_closed", "session_data[session_hash].is_closed = True" in heartbeat,
+               "set when a session's heartbeat ends")
+    gradio_has("StateHolder.time_last_used", "self.time_last_used[session_id] = datetime.datetime.now()"
+               in inspect.getsource(state_holder.StateHolder.__getitem__), "set to now() on every use of a session")
+    holder = state_holder.StateHolder()
+    for name, kind in (("session_data", dict), ("time_last_used", dict)):
+        gradio_has(f"StateHolder.{name}", isinstance(getattr(holder, name, None), kind), "a dict by session hash")
+    gradio_has("StateHolder.lock", hasattr(getattr(holder, "lock", None), "__enter__"), "a lock")
+    gradio_has("StateHolder.delete_state", parameters(holder.delete_state)[:1] == ["session_id"],
+               "delete_state(session_id, ...)")
+    gradio_has("Blocks.state_holder", "blocks.state_holder = self" in inspect.getsource(holder.set_blocks),
+               "set when the app is made")
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,18 @@ async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_
 
 
 @pytest.mark.unit
+async def test_an_ended_reply_kept_for_resuming_lets_its_owner_go():
+    """A finished reply stays KEEP_S (for a client that resumes it), its socket need not (issue 48:
+    each held the connection's objects, which every full garbage collection walked)."""
+    reply_log = ReplyLog("r", VISITOR)
+    reply_log.owner = object()  # the socket that began it
+    reply_log.add("done", finish="stop")
+    reply_log.end()
+    assert reply_log.owner is None
+    assert [e["type"] async for e in reply_log.follow()] == ["done"], "still there for a client that resumes it"
+
+
+@pytest.mark.unit
 def test_live_text_writes_only_the_new_text_with_the_line_at_most_ten_times_a_second():
     live = LiveText(ReplyLog(new_id(), VISITOR))
     live.write("Hel", "Writing… 0:00")

@@ -20,7 +20,8 @@ name below still has the shape used, and fails naming it and the Gradio version.
    - After every finished event Gradio rebuilds a pandas summary of up to 10,000 past events for its
      optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
      /metrics and Monitor tab cover this): the undocumented `GRADIO_ANALYTICS_CACHE_FREQUENCY`
-     defers it for good.
+     defers it for good, and `GRADIO_ANALYTICS_MAX_EVENTS` keeps one event's record instead of
+     10,000 (a dict each, which every full garbage collection walked: item 11 says why that counts).
    - With `status_update_rate="auto"` every event that starts sends a queue-position update to every
      event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here;
      a documented setting).
@@ -77,6 +78,22 @@ name below still has the shape used, and fails naming it and the Gradio version.
 10. The page's CSS and scripts select Gradio's markup where they mend or lay it out (Gradio documents
     `elem_id` and `elem_classes` only): `MARKUP` names each class, attribute and id they rely on.
 
+11. The state of sessions whose page is gone (`drop_closed_sessions`). Gradio keeps every browser
+    session's state (`App.state_holder`: `StateHolder.session_data`, `time_last_used`, `lock`) for
+    up to `state_session_capacity` sessions (10,000), and one whose heartbeat has ended (the page
+    was closed or reloaded, or lost its connection: Gradio's page never opens it again) is only
+    marked `SessionState.is_closed` and its `gr.State` values deleted an hour later. What it keeps
+    per session (a copy of the page's configuration, the components its events updated, each
+    State) was ~200 objects that every full garbage collection walked: ~2 million, over a second
+    of every such pause on a 2-core Xeon, once 10,000 visitors had come and gone
+    (bench/frontend_rates.py, issue 48). Gradio's settings do not reach it: `delete_cache` and a
+    State's `time_to_live` delete State values, not the session; a smaller capacity evicts the
+    least recently used session whether its page is open or not. Here a closed session that no
+    event has used for `keep_s` and that has no event in Gradio's queue (`Queue.
+    pending_event_ids_session`) is dropped as Gradio drops one beyond its capacity, after its
+    States' delete callbacks (`StateHolder.delete_state`); a page that comes back later starts a
+    new session, with its components' values from the browser and its States' defaults.
+
 Not a reach-in, as it uses no Gradio name: Gradio runs every event inside
 `utils.MatplotlibBackendMananger` (`route_utils.call_process_api`), which imports matplotlib where it
 is installed (on the H200 host, a dependency of vLLM's): the first event in each process paid for
@@ -86,6 +103,7 @@ that import, about half a second per UI worker (and the font cache, the first ti
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import inspect
 import logging
@@ -106,13 +124,14 @@ from chat.ui import gradio_errors
 from chat.ui.gradio_errors import PLAIN_REQUEST_ERRORS, PlainGradioErrors
 
 __all__ = ["MARKUP", "PLAIN_REQUEST_ERRORS", "TESTED", "ChatParts", "Markup", "PlainGradioErrors", "UntestedGradio", "as_saved",
-           "chat_parts", "check_version", "drawn_as_base", "enable_queue", "from_gradio_client", "install",
-           "login_token", "serve_on", "warm_event_path", "with_parameters"]
+           "chat_parts", "check_version", "drawn_as_base", "drop_closed_sessions", "enable_queue", "from_gradio_client",
+           "install", "login_token", "serve_on", "sessions_of_open_pages", "warm_event_path", "with_parameters"]
 
 log = logging.getLogger(__name__)
 ComponentT = TypeVar("ComponentT", bound=gradio.components.Component)
 
 IDLE_CONNECTION_S = 20  # item 6
+CLOSED_SESSIONS_EVERY_S = 2.0  # item 11: how often closed sessions are looked for (~1 ms per 10,000 sessions)
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
 
@@ -376,6 +395,7 @@ def install() -> None:
 def enable_queue(demo: gradio.Blocks) -> None:
     """`demo.queue()`: nobody waits behind anybody (vLLM batches them), and the bookkeeping above stays down."""
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(10**9))  # read by the Queue being made
+    os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")  # likewise
     demo.queue(default_concurrency_limit=None, status_update_rate=1)
 
 
@@ -483,6 +503,35 @@ def serve_on(listener: socket.socket) -> None:
         return host, port, f"http://{host}:{port}/", server
 
     http_server.start_server = start_server
+
+
+def drop_closed_sessions(demo: gradio.Blocks, keep_s: float) -> int:
+    """Item 11: drop the state of every session whose heartbeat has ended, unused for `keep_s` and
+    with no event queued or running; how many were dropped."""
+    holder, queue = demo.state_holder, demo._queue
+    unused_since = datetime.datetime.now() - datetime.timedelta(seconds=keep_s)  # Gradio's clock: naive local time
+    gone = [session for session, state in list(holder.session_data.items())
+            if state.is_closed and holder.time_last_used.get(session, unused_since) <= unused_since
+            and not queue.pending_event_ids_session.get(session)]
+    for session in gone:
+        holder.delete_state(session)  # each gr.State's delete_callback, as Gradio's own expiry calls it
+        with holder.lock:
+            holder.session_data.pop(session, None)
+            holder.time_last_used.pop(session, None)
+    return len(gone)
+
+
+async def sessions_of_open_pages(demo: gradio.Blocks, keep_s: float, every_s: float = CLOSED_SESSIONS_EVERY_S) -> None:
+    """Item 11, for the server's life: `drop_closed_sessions` every `every_s`."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            dropped = drop_closed_sessions(demo, keep_s)
+        except Exception:  # a Gradio whose bookkeeping changed: serve on, with Gradio's own limits
+            log.exception("Could not drop the state of closed Gradio sessions; keeping them as Gradio does")
+            return
+        if dropped:
+            log.debug("Dropped the state of %d closed Gradio sessions", dropped)
 
 
 def warm_event_path() -> None:

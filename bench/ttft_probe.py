@@ -5,7 +5,7 @@
 Starts app.py on bench.gpu's dummy Llama-3-8B preset and, one request at a time, times the first
 text of: the WebSocket API ("chat"); a reply begun over the socket with no Gradio turn ("begin");
 the page's path (begin, then the turn's Gradio event, as live.js sends them); and the turn alone
-(a page whose socket is not open). Prints medians and the app's chat_early_replies_total.
+(a page whose socket is not open). Prints medians and the app's chat_replies_started_total.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ async def probe(url: str, turns: int, lines: int, max_tokens: int) -> dict[str, 
                 first = next(t for t, n in watch.updates if n)
                 out[name].append(1e3 * (first - watch.started))
         metrics = (await http.get(url + "metrics")).text
-        print([line for line in metrics.splitlines() if line.startswith("chat_early")])
+        print([line for line in metrics.splitlines() if line.startswith("chat_replies_started")])
     return out
 
 

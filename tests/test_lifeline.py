@@ -92,9 +92,12 @@ time.sleep(600)
 def test_a_signal_to_the_apps_group_does_not_reach_a_process_that_left_it():
     """What a terminal's Ctrl-C sends to its foreground group ends the app alone, which then stops
     the processes it started in order (the whole stop: tests/test_stop.py)."""
+    # SIGINT as a terminal's foreground program has it: tests run as a shell's background job (`&`)
+    # inherit it ignored, and so would this stand-in for the app (the app sets its own handler).
     app = subprocess.Popen([sys.executable, "-c", STARTS_A_CHILD_THAT_LEAVES], cwd=ROOT, start_new_session=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True)
+                           stderr=subprocess.DEVNULL, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert app.stdout is not None
     child = psutil.Process(int(app.stdout.readline()))
     try:

@@ -4,9 +4,9 @@ installed from here, holds items 4-5. `check_version()` runs at start and refuse
 TESTED (requirements*.txt pin the same range); tests/test_gradio_internals.py checks each private
 name below still has the shape used, and fails naming it and the Gradio version.
 
-1. Gradio's per-event bookkeeping that this app does not use, kept off the streaming path. Found by
-   the benchmark on an H200 host (docs/benchmarks.md), where Gradio's event loop, not the engine,
-   limited replies at 64 and more streams:
+1. Gradio's bookkeeping that this app does not use, kept off the streaming path and out of the garbage
+   collector's way. Found by the benchmarks on an H200 host (docs/benchmarks.md), where Gradio's
+   event loop, not the engine, limited replies at 64 and more streams, and on steady arrivals:
    - Per browser session Gradio keeps the configuration of every component on the page
      (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for
      this app's ~150 components on a 2-core machine: a burst of 256 new visitors queued 1-3 s of it
@@ -21,10 +21,25 @@ name below still has the shape used, and fails naming it and the Gradio version.
      optional /monitoring page, in a worker thread that holds the interpreter lock (the app's own
      /metrics and Monitor tab cover this): the undocumented `GRADIO_ANALYTICS_CACHE_FREQUENCY`
      defers it for good, and `GRADIO_ANALYTICS_MAX_EVENTS` keeps one event's record instead of
-     10,000 (a dict each, which every full garbage collection walked: item 11 says why that counts).
+     10,000 (a dict each, which every full garbage collection walked: the last point says why that counts).
    - With `status_update_rate="auto"` every event that starts sends a queue-position update to every
      event still queued: quadratic in a burst. Once a second is plenty (replies rarely queue here;
      a documented setting).
+   - The state of sessions whose page is gone (`drop_closed_sessions`). Gradio keeps every browser
+     session's state (`App.state_holder`: `StateHolder.session_data`, `time_last_used`, `lock`) for
+     up to `state_session_capacity` sessions (10,000), and one whose heartbeat has ended (the page
+     was closed or reloaded, or lost its connection: Gradio's page never opens it again) is only
+     marked `SessionState.is_closed` and its `gr.State` values deleted an hour later. What it keeps
+     per session (a copy of the page's configuration, the components its events updated, each
+     State) was ~200 objects that every full garbage collection walked: ~2 million, over a second
+     of every such pause on a 2-core Xeon, once 10,000 visitors had come and gone
+     (bench/frontend_rates.py, issue 48). Gradio's settings do not reach it: `delete_cache` and a
+     State's `time_to_live` delete State values, not the session; a smaller capacity evicts the
+     least recently used session whether its page is open or not. Here a closed session that no
+     event has used for `keep_s` and that has no event in Gradio's queue (`Queue.
+     pending_event_ids_session`) is dropped as Gradio drops one beyond its capacity, after its
+     States' delete callbacks (`StateHolder.delete_state`); a page that comes back later starts a
+     new session, with its components' values from the browser and its States' defaults.
 
 2. The parts of a `ChatInterface` that a message sent outside its own event chain must keep up to
    date, and the saved chats' column the page's CSS lays out (`chat_parts`: `chatbot_state`,
@@ -78,22 +93,6 @@ name below still has the shape used, and fails naming it and the Gradio version.
 10. The page's CSS and scripts select Gradio's markup where they mend or lay it out (Gradio documents
     `elem_id` and `elem_classes` only): `MARKUP` names each class, attribute and id they rely on.
 
-11. The state of sessions whose page is gone (`drop_closed_sessions`). Gradio keeps every browser
-    session's state (`App.state_holder`: `StateHolder.session_data`, `time_last_used`, `lock`) for
-    up to `state_session_capacity` sessions (10,000), and one whose heartbeat has ended (the page
-    was closed or reloaded, or lost its connection: Gradio's page never opens it again) is only
-    marked `SessionState.is_closed` and its `gr.State` values deleted an hour later. What it keeps
-    per session (a copy of the page's configuration, the components its events updated, each
-    State) was ~200 objects that every full garbage collection walked: ~2 million, over a second
-    of every such pause on a 2-core Xeon, once 10,000 visitors had come and gone
-    (bench/frontend_rates.py, issue 48). Gradio's settings do not reach it: `delete_cache` and a
-    State's `time_to_live` delete State values, not the session; a smaller capacity evicts the
-    least recently used session whether its page is open or not. Here a closed session that no
-    event has used for `keep_s` and that has no event in Gradio's queue (`Queue.
-    pending_event_ids_session`) is dropped as Gradio drops one beyond its capacity, after its
-    States' delete callbacks (`StateHolder.delete_state`); a page that comes back later starts a
-    new session, with its components' values from the browser and its States' defaults.
-
 Not a reach-in, as it uses no Gradio name: Gradio runs every event inside
 `utils.MatplotlibBackendMananger` (`route_utils.call_process_api`), which imports matplotlib where it
 is installed (on the H200 host, a dependency of vLLM's): the first event in each process paid for
@@ -131,7 +130,7 @@ log = logging.getLogger(__name__)
 ComponentT = TypeVar("ComponentT", bound=gradio.components.Component)
 
 IDLE_CONNECTION_S = 20  # item 6
-CLOSED_SESSIONS_EVERY_S = 2.0  # item 11: how often closed sessions are looked for (~1 ms per 10,000 sessions)
+CLOSED_SESSIONS_EVERY_S = 2.0  # item 1: how often closed sessions are looked for (~1 ms per 10,000 sessions)
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
 
@@ -506,7 +505,7 @@ def serve_on(listener: socket.socket) -> None:
 
 
 def drop_closed_sessions(demo: gradio.Blocks, keep_s: float) -> int:
-    """Item 11: drop the state of every session whose heartbeat has ended, unused for `keep_s` and
+    """Item 1: drop the state of every session whose heartbeat has ended, unused for `keep_s` and
     with no event queued or running; how many were dropped."""
     holder, queue = demo.state_holder, demo._queue
     unused_since = datetime.datetime.now() - datetime.timedelta(seconds=keep_s)  # Gradio's clock: naive local time
@@ -522,7 +521,7 @@ def drop_closed_sessions(demo: gradio.Blocks, keep_s: float) -> int:
 
 
 async def sessions_of_open_pages(demo: gradio.Blocks, keep_s: float, every_s: float = CLOSED_SESSIONS_EVERY_S) -> None:
-    """Item 11, for the server's life: `drop_closed_sessions` every `every_s`."""
+    """Item 1, for the server's life: `drop_closed_sessions` every `every_s`."""
     while True:
         await asyncio.sleep(every_s)
         try:

@@ -10,7 +10,7 @@ records the metrics and takes Stop; callers only turn events into their own outp
 browser or API client names a file, a model or an engine argument: they pick a preset by name and
 send sampling values, which are checked against that preset's ranges.
 
-    browser / API ─> chat_tab.respond · CompareService.send · api.generate
+    browser / API ─> live.start (Chat tab, /chat) · CompareService.send · reply_api.reply
                        └─> ChatService.reply ─> registry.ready, then paced_reply (chat.stream)
                                                                    └─> Engine.render / Engine.generate ─> vLLM
 """

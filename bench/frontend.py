@@ -263,6 +263,22 @@ def _stop(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+
+def new_record(name: str, args: argparse.Namespace, argv: list[str] | None,
+               apps: list[App]) -> tuple[Path, Path, dict[str, Any]]:
+    """A run's folder of logs, its JSON file (`--out`, or beside the logs) and the record's head:
+    when, where, which versions, the command and the apps (each with its environment)."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    logs = RESULTS / f"{name}-{stamp}"
+    logs.mkdir(parents=True, exist_ok=True)
+    out = args.out or RESULTS / f"{name}-{stamp}.json"
+    return logs, out, {
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "versions": versions(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "command": " ".join([f"python -m bench.{name.replace('-', '_')}", *(argv if argv is not None else sys.argv[1:])]),
+        "apps": [{"label": a.label, "root": str(a.root), "revision": a.revision, "env": a.env} for a in apps],
+    }
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
@@ -277,16 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     doors = args.doors.split(",")
     histories = [int(h) for h in args.history.split(",")]
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    logs = RESULTS / f"frontend-{stamp}"
-    logs.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / f"frontend-{stamp}.json"
-    result: dict[str, Any] = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "versions": versions(),
-        "args": {k: str(v) for k, v in vars(args).items()}, "command": " ".join(["python -m bench.frontend", *(argv or sys.argv[1:])]),
-        "apps": [{"label": a.label, "root": str(a.root), "revision": a.revision} for a in apps],
-        "definitions": sys.modules["bench.frontend_stats"].__doc__, "runs": [], "sweeps": [],
-    }
+    logs, out, result = new_record("frontend", args, argv, apps)
+    result.update({"definitions": sys.modules["bench.frontend_stats"].__doc__, "runs": [], "sweeps": []})
 
     def save() -> None:
         out.write_text(json.dumps(result, indent=1, default=str))

@@ -28,7 +28,6 @@ timelines and the stalls that overlapped them; everything goes to bench/results/
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import signal
@@ -42,7 +41,7 @@ from typing import Any
 import yaml
 
 from bench.common import pct, user_message
-from bench.frontend import RESULTS, client_cpu, machine, versions
+from bench.frontend import client_cpu, new_record
 from bench.frontend_checkouts import PRESET, App, resolve_app, start_apps
 from bench.frontend_client import Request, Turn, take_turns
 from bench.procs import ROOT, Server, base_env, cpu_seconds, machine_busy_seconds, python
@@ -283,16 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         label, _, setting = spec.partition(":")
         key, _, value = setting.partition("=")
         next(a for a in apps if a.label == label).env[key] = value
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    logs = RESULTS / f"frontend-rates-{stamp}"
-    logs.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / f"frontend-rates-{stamp}.json"
-    result: dict[str, Any] = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "versions": versions(),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "command": " ".join(["python -m bench.frontend_rates", *(argv if argv is not None else sys.argv[1:])]),
-        "apps": [{"label": a.label, "root": str(a.root), "revision": a.revision, "env": a.env} for a in apps],
-        "stages": dict(STAGES), "runs": []}
+    logs, out, result = new_record("frontend-rates", args, argv, apps)
+    result.update({"stages": dict(STAGES), "runs": []})
 
     def save() -> None:
         out.write_text(json.dumps(result, indent=1, default=str))

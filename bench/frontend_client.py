@@ -189,7 +189,7 @@ async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], conc
         out: list[Turn] = []
         readers = max(1, min(concurrency, len(todo)))
         first_tabs: list[Tab | None] = [None] * readers
-        if page is not None:
+        if page is not None and protocol != "visitor":  # a new visitor loads the page in its own time
             first_tabs = list(await asyncio.gather(*(open_tab(http, url, page, protocol) for _ in range(readers))))
         await wait_at(line)
 

@@ -115,37 +115,11 @@ class Rates:
         time.sleep(0.5)  # the source writes a request's record at its end
         moments = read_lines(app.timeline_log, timeline_at)
         sources = {r["tag"]: r for r in read_lines(app.source_log, source_at) if r.get("tag")}
-        rows = [timeline(turn, first, moments, sources) for turn in turns]
-        stalls = [m for m in moments if m["k"] == "stall" and t0 <= m["t"] <= t1]
-        collections = [m for m in moments if m["k"] == "gc" and t0 <= m["t"] <= t1]
         wall = t1 - t0
-        ok = [r for r in rows if r["ttft"] is not None]
-        out = {"side": side or door, "rate": rate, "requests": count, "errors": count - len(ok), "wall_s": round(wall, 1),
-               "ttft": summary([r["ttft"] for r in ok]),
-               "stages": {name: summary([r[name] for r in ok if r.get(name) is not None]) for name, _ in STAGES},
-               "page_ms": summary([r["page"] for r in rows if r.get("page") is not None]),
-               "mount_ms": summary([r["mount"] for r in rows if r.get("mount") is not None]),
+        out = {"side": side or door, "rate": rate, "requests": count, "wall_s": round(wall, 1),
+               **page_replies(turns, first, moments, sources, t0, t1, self.args.slow, self.args.keep_replies),
                "app_cores": round(app_cpu / wall, 2), "client_cores": round(client / wall, 2),
-               "others_cores": round(max(0.0, busy - app_cpu - client) / wall, 2),
-               "stalls": {"count": len(stalls), "ms": round(sum(s["ms"] for s in stalls)),
-                          "max_ms": max((s["ms"] for s in stalls), default=0.0),
-                          # what the process did meanwhile (bench/frontend_timeline.py): ran the loop,
-                          # ran other threads, or did not run
-                          "loop_cpu_ms": round(sum(s["loop_cpu_ms"] for s in stalls)),
-                          "other_threads_ms": round(sum(s["cpu_ms"] - s["loop_cpu_ms"] for s in stalls)),
-                          "top": sorted(stalls, key=lambda s: -s["ms"])[:10]},
-               "gc": {"count": len(collections), "ms": round(sum(c["ms"] for c in collections)),
-                      "max_ms": max((c["ms"] for c in collections), default=0.0),
-                      "gen2": sum(1 for c in collections if c["gen"] == 2),
-                      # what a full collection walks (the unfrozen heap), after the run's last one
-                      "objects": next((c["objects"] for c in reversed(collections) if "objects" in c), None)},
-               "first_error": next((t.error for t in turns if t.error), None)}
-        slow = sorted(ok, key=lambda r: -r["ttft"])[: self.args.slow]
-        for r in slow:  # the stalls that overlapped the reply's wait for its first text
-            r["stalls"] = [(round((s["t"] - r["_sent"]) * 1e3), s["ms"]) for s in stalls
-                           if s["t"] + s["ms"] / 1e3 >= r["_sent"] and s["t"] <= r["_sent"] + r["ttft"] / 1e3]
-        out["slow"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in slow]
-        out["replies"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows] if self.args.keep_replies else []
+               "others_cores": round(max(0.0, busy - app_cpu - client) / wall, 2)}
         return out
 
     def _spy(self, app: App, name: str) -> tuple[subprocess.Popen, Path]:
@@ -170,11 +144,50 @@ def read_lines(path: Path, offset: int) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def page_replies(turns: list[Turn], first: int, moments: list[dict[str, Any]], sources: dict[str, dict[str, Any]],
+                 t0: float, t1: float, slow: int, keep_replies: bool = False) -> dict[str, Any]:
+    """A run's page replies (request numbers from `first`) with the app's moments and the token source's
+    records: TTFT and each stage's spread, page loads and mounts, the event loops' stalls and long garbage
+    collections between t0 and t1, and the `slow` slowest replies with their timelines and the stalls that
+    overlapped their wait (where moments carry a process's "pid", that of the process their `begin` reached)."""
+    rows = [timeline(turn, first, moments, sources) for turn in turns]
+    stalls = [m for m in moments if m["k"] == "stall" and t0 <= m["t"] <= t1]
+    collections = [m for m in moments if m["k"] == "gc" and t0 <= m["t"] <= t1]
+    ok = [r for r in rows if r["ttft"] is not None]
+    out = {"errors": len(turns) - len(ok),
+           "ttft": summary([r["ttft"] for r in ok]),
+           "stages": {name: summary([r[name] for r in ok if r.get(name) is not None]) for name, _ in STAGES},
+           "page_ms": summary([r["page"] for r in rows if r.get("page") is not None]),
+           "mount_ms": summary([r["mount"] for r in rows if r.get("mount") is not None]),
+           "stalls": {"count": len(stalls), "ms": round(sum(s["ms"] for s in stalls)),
+                      "max_ms": max((s["ms"] for s in stalls), default=0.0),
+                      # what the process did meanwhile (bench/frontend_timeline.py): ran the loop,
+                      # ran other threads, or did not run
+                      "loop_cpu_ms": round(sum(s["loop_cpu_ms"] for s in stalls)),
+                      "other_threads_ms": round(sum(s["cpu_ms"] - s["loop_cpu_ms"] for s in stalls)),
+                      "top": sorted(stalls, key=lambda s: -s["ms"])[:10]},
+           "gc": {"count": len(collections), "ms": round(sum(c["ms"] for c in collections)),
+                  "max_ms": max((c["ms"] for c in collections), default=0.0),
+                  "gen2": sum(1 for c in collections if c["gen"] == 2),
+                  # what a full collection walks (the unfrozen heap), after the run's last one
+                  "objects": next((c["objects"] for c in reversed(collections) if "objects" in c), None)},
+           "first_error": next((t.error for t in turns if t.error), None)}
+    slowest = sorted(ok, key=lambda r: -r["ttft"])[:slow]
+    for r in slowest:  # the stalls that overlapped the reply's wait for its first text
+        r["stalls"] = [(round((s["t"] - r["_sent"]) * 1e3), s["ms"]) for s in stalls
+                       if s["t"] + s["ms"] / 1e3 >= r["_sent"] and s["t"] <= r["_sent"] + r["ttft"] / 1e3
+                       and s.get("pid") == r["_pid"]]
+    out["slow"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in slowest]
+    out["replies"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows] if keep_replies else []
+    return out
+
+
 def timeline(turn: Turn, first: int, moments: list[dict[str, Any]], sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One page reply's moments, in milliseconds after its Enter."""
     sent = turn.started
     source = sources.get(str(first + turn.index), {})
-    begin = next((m["t"] for m in moments if m["k"] == "begin" and m["id"] == turn.begun), None)
+    begun = next((m for m in moments if m["k"] == "begin" and m["id"] == turn.begun), {})
+    begin = begun.get("t")
     delta = next((m["t"] for m in moments if m["k"] == "delta" and m["id"] == turn.begun), None)
     shown = next((t for t, n in turn.updates if n > 0), None)
     marks = turn.marks
@@ -183,7 +196,7 @@ def timeline(turn: Turn, first: int, moments: list[dict[str, Any]], sources: dic
             "begin": ms(begin, sent), "turn": ms(turn.process_started, sent), "core": ms(source.get("added"), sent),
             "token": ms(source.get("first_token"), sent), "taken": ms(source.get("first_handed"), sent),
             "sent": ms(delta, sent), "delta": ms(marks.get("first_delta"), sent), "box": ms(marks.get("box"), sent),
-            "_sent": sent}
+            "_sent": sent, "_pid": begun.get("pid")}
 
 
 def print_run(r: dict[str, Any]) -> None:
@@ -213,16 +226,23 @@ def print_slow(r: dict[str, Any], count: int = 5) -> None:
         print(f"    {'':>27}{cells}  {s.get('stalls', [])[:6]}")
 
 
+def holds(raw_p99: float, app_p99: float) -> bool:
+    """Issue 48's bar for steady arrivals: the app's p99 first token at most 1.10x raw's or raw's + 50 ms,
+    whichever is larger."""
+    return app_p99 <= max(1.10 * raw_p99, raw_p99 + 50.0)
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     """One row per rate and door: raw's and the app's TTFT in each repeat, the app's p99 over raw's in
-    the same repeat (median ratio and spread), and the app's loop stalls."""
+    the same repeat (median ratio and spread), the repeats that held issue 48's bar, and the app's loop
+    stalls."""
 
     def pair(run: dict[str, Any]) -> str:
         return f"{run['ttft']['p50']:.0f} / {run['ttft']['p99']:.0f}"
 
     lines = ["| rate /s | door | raw TTFT p50 / p99, ms | app TTFT p50 / p99, ms | app p99 x raw: median [range] | "
-             "app p99 - raw p99, ms | app loop stalls > 20 ms: total ms |",
-             "| ---: | --- | --- | --- | ---: | ---: | ---: |"]
+             "app p99 - raw p99, ms | held: p99 <= max(1.10x, +50 ms) | app loop stalls > 20 ms: total ms |",
+             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for rate in sorted({r["rate"] for r in runs}):
         raws = {r["repeat"]: r for r in runs if r["rate"] == rate and r["side"] == "raw"}
         for door in sorted({r["side"] for r in runs if r["side"] != "raw"}):
@@ -231,8 +251,9 @@ def table(runs: list[dict[str, Any]]) -> str:
             ratios = [a["ttft"]["p99"] / w["ttft"]["p99"] for w, a in both if w["ttft"]["p99"]]
             spread = f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ratios else "-"
             over = ", ".join(format(a["ttft"]["p99"] - w["ttft"]["p99"], "+.0f") for w, a in both)
+            held = f"{sum(holds(w['ttft']['p99'], a['ttft']['p99']) for w, a in both)}/{len(both)}"
             lines.append(f"| {rate:g} | {door} | {', '.join(pair(w) for w, _ in both)} | {', '.join(pair(a) for _, a in both)} "
-                         f"| {spread} | {over} | {', '.join(str(a['stalls']['ms']) for _, a in both)} |")
+                         f"| {spread} | {over} | {held} | {', '.join(str(a['stalls']['ms']) for _, a in both)} |")
     return "\n".join(lines)
 
 

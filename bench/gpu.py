@@ -12,7 +12,11 @@ gibberish and only the timings mean anything. In one call, within --deadline sec
      largest level, then each level warmed up before it is measured);
   4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
      first token reaches --ttft-slo-ms, then the app at the highest rate that passed (and the first
-     that failed, when time allows);
+     that failed, when time allows); or, with --rate-rounds N, N rounds of the fixed --rates, the raw
+     engine and each app's door side by side at every rate (order rotating), then --rates-beyond one
+     round each while the raw engine holds --ttft-slo-ms (issue 48, part 2: an app's `visitor=1`
+     door is new visitors at that rate, each loading the page through the front door, mounting it and
+     sending its message as the page does; with `timeline=1` the slowest replies' timelines);
   5. writes gpu-<time>.json and prints a table (results also under $OUT when set).
 
     python3 -m bench.gpu --tok .gpu/tok --out $OUT
@@ -53,6 +57,9 @@ class AppVariant:
     ui_workers: int | None = None  # app.py --ui-workers; None: the app's own choice
     api: bool = True  # also measure Gradio's /chat endpoint as gradio_client uses it ("NAME")
     late: bool = False  # with browser: also one stream from pages whose socket is not open yet ("NAME-browser-late")
+    visitor: bool = False  # new visitors at steady rates ("NAME-visitor"; then the app's only door at rates)
+    timeline: bool = False  # every app process records its page-reply moments (bench/gpu_app.py)
+    root: str | None = None  # another checkout's app (bench/gpu_app.py), e.g. the code before a change
 
     @classmethod
     def parse(cls, text: str) -> AppVariant:
@@ -64,8 +71,10 @@ class AppVariant:
                 variant.levels = tuple(int(x) for x in value.split("/"))
             elif key in ("max_threads", "flush_ms", "ui_workers"):
                 setattr(variant, key, int(value))
-            elif key in ("ws", "browser", "api", "late"):
+            elif key in ("ws", "browser", "api", "late", "visitor", "timeline"):
                 setattr(variant, key, value not in ("0", "false", "no"))
+            elif key == "root":
+                variant.root = value
             else:
                 raise argparse.ArgumentTypeError(f"unknown app option {key!r}")
         return variant
@@ -135,13 +144,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context-lines", type=int, default=16, help="filler lines per prompt (~30 tokens each)")
     ap.add_argument("--rates", default="10,20,25,30,35,40", help="steady request rates to try, requests/s, rising (\"\": none)")
     ap.add_argument("--rate-seconds", type=float, default=12.0, help="seconds of arrivals per rate")
+    ap.add_argument("--rate-rounds", type=int, default=0,
+                    help="N: N rounds of every --rates rate, raw and apps side by side (0: the rising search)")
+    ap.add_argument("--rates-beyond", default="", help="with --rate-rounds: higher rates after the rounds, one round "
+                    "each, rising while the raw engine's p99 TTFT stays under --ttft-slo-ms")
+    ap.add_argument("--warm-streams", type=int, default=128, help="the first warm-up burst when --levels is empty")
     ap.add_argument("--ttft-slo-ms", type=float, default=800.0)
     ap.add_argument("--kv-gib", type=float, default=32.0, help="KV cache per engine (two engines share the GPU)")
     ap.add_argument("--gpu-mem", type=float, default=0.4)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
-                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:late=1][:api=0]; "
-                         "max_threads launches it through bench/patched_app.py; repeatable (default: one 'app')")
+                    help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:late=1][:api=0]"
+                         "[:visitor=1][:timeline=1][:root=PATH]; max_threads launches it through bench/patched_app.py, "
+                         "root and timeline through bench/gpu_app.py; repeatable (default: one 'app')")
     ap.add_argument("--mixed", default="", help="CHAT:VISITORS: after the closed loop, a burst of CHAT browser "
                     "streams while VISITORS compare the preset with one on another engine (e.g. 128:16)")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; no step starts after it")
@@ -179,7 +194,9 @@ def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str],
     for variant in args.apps:
         apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
                              flush_ms=variant.flush_ms, client_procs=args.client_procs,
-                             max_threads=variant.max_threads, ui_workers=variant.ui_workers))
+                             max_threads=variant.max_threads, ui_workers=variant.ui_workers,
+                             root=Path(variant.root) if variant.root else None,
+                             timeline=args.out / f"timeline-{variant.name}" if variant.timeline else None))
         apps[-1].notes["levels"] = variant.levels
         apps[-1].notes["measured"] = variant.api
         started.append(apps[-1])
@@ -196,6 +213,13 @@ def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str],
             late = browser_path(app, count, args.context_lines, args.client_procs, late=True)
             late.notes["levels"] = (1,)  # one stream's first token, before and after chat/live.py's early replies
             apps.append(late)
+        if variant.visitor:  # steady arrivals only; then this app's other doors are not run at rates
+            visitor = browser_path(app, count, args.context_lines, args.client_procs, visitor=True)
+            visitor.notes.update(levels=(), closed=False, at_rates=True, timeline=app.notes["timeline"])
+            for door in apps:
+                if door.notes.get("shares_server_with") == app.name or door is app:
+                    door.notes.setdefault("at_rates", False)
+            apps.append(visitor)
     return raw, apps
 
 
@@ -237,7 +261,12 @@ class Measurements:
     def targets_at(level: int, raw: Target, apps: list[Target]) -> list[Target]:
         """The raw engine and every measured app path that runs at this level."""
         return [raw] + [a for a in apps if (not a.notes["levels"] or level in a.notes["levels"])
-                        and a.notes.get("measured", True)]
+                        and a.notes.get("measured", True) and a.notes.get("closed", True)]
+
+    @staticmethod
+    def at_rates(apps: list[Target]) -> list[Target]:
+        """The app doors that run at steady rates: a `visitor` door, else every measured one."""
+        return [a for a in apps if a.notes.get("at_rates", a.notes.get("measured", True))]
 
     def cold_start(self, raw: Target, apps: list[Target]) -> None:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
@@ -247,17 +276,25 @@ class Measurements:
         UI workers on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
         compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
         has not been measured on a GPU."""
-        top = max(int(x) for x in self.args.levels.split(","))
+        levels = [int(x) for x in self.args.levels.split(",") if x]
+        top = max(levels) if levels else self.args.warm_streams
         for target in self.targets_at(top, raw, apps):
             target.run(top, top, 800_000 + self.index, 64)
             self.index += top
         self.log.event(f"every target warmed with {top} streams of 64 tokens")
+        if self.args.rate_rounds and self.args.rates:  # and each rate door once at the lowest rate, for 5 s
+            rate = min(float(x) for x in self.args.rates.split(","))
+            for target in [raw, *self.at_rates(apps)]:
+                target.run(0, max(1, int(rate * 5)), 800_000 + self.index, 64, rate=rate)
+                self.index += max(1, int(rate * 5))
+                target.notes.pop("turns", None)
+            self.log.event(f"every rate door warmed at {rate:g}/s for 5 s")
 
     def closed_loop(self, raw: Target, apps: list[Target]) -> None:
         """Level by level, every target in turn (the order rotates per level)."""
         args, log = self.args, self.log
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
-        for li, c in enumerate(int(x) for x in args.levels.split(",")):
+        for li, c in enumerate(int(x) for x in args.levels.split(",") if x):
             if log.left() < 30:
                 log.event(f"deadline: skipping level {c} and later")
                 break
@@ -296,16 +333,68 @@ class Measurements:
                       f"p99 {m['comparison_ttft_ms_p99']} ms, errors {len(m['comparison_errors'])}")
             log.save()
 
-    def at_rate(self, target: Target, rate: float) -> dict[str, Any]:
-        """Requests arriving steadily at `rate` per second for --rate-seconds."""
+    def at_rate(self, target: Target, rate: float, repeat: int | None = None) -> dict[str, Any]:
+        """Requests arriving steadily at `rate` per second for --rate-seconds; how many replies were being
+        read at once; for a door that kept its page's turns, their timelines (bench/frontend_rates.py's)."""
         n = max(1, int(rate * self.args.rate_seconds))
-        record = measure(target, 0, n, self.index, self.args.max_tokens, self.our, rate=rate, keep_timelines=False)
+        first = self.index
+        logs = timeline_sizes(target.notes.get("timeline"))
+        t0 = time.monotonic()
+        record = measure(target, 0, n, first, self.args.max_tokens, self.our, rate=rate, keep_timelines=True)
+        t1 = time.monotonic()
         self.index += n
         record["p99_ttft_ms"] = pct(record["ttft_ms"], 99)
+        record["readers"] = readers(record["timelines"])
+        record["timelines"] = None
+        s = record["summary"]
+        record.update(side="raw" if target.name == "raw" else target.name, repeat=repeat,
+                      ttft={"p50": round(s["ttft_p50_ms"], 1), "p99": round(s["ttft_p99_ms"], 1)}, stalls={"ms": 0})
+        turns = target.notes.pop("turns", None)
+        if turns is not None:
+            from bench.frontend_rates import page_replies
+
+            time.sleep(0.5)
+            page = page_replies(turns, first, read_moments(target.notes.get("timeline"), logs), {}, t0, t1, slow=20)
+            record["page"] = {k: page[k] for k in ("stages", "page_ms", "mount_ms", "stalls", "gc", "slow")}
+            record["stalls"] = page["stalls"]
         self.log.result["rates"].append(record)
         self.report(record, f"rate {rate:4.1f}/s")
+        if turns is not None:
+            from bench.frontend_rates import print_slow
+
+            stages = record["page"]["stages"]
+            self.log.event("  p99 ms after Enter: " + ", ".join(f"{k} {v['p99']:.0f}" for k, v in stages.items() if v["n"])
+                           + f"; readers at once: mean {record['readers']['mean']}, max {record['readers']['max']}; "
+                           f"loop stalls > 20 ms: {record['stalls']['count']} ({record['stalls']['ms']} ms)")
+            print_slow({"rate": rate, **record["page"]})
         self.log.save()
         return record
+
+    def rate_rounds(self, raw: Target, apps: list[Target]) -> None:
+        """--rate-rounds rounds of every --rates rate (the raw engine and each rate door in turn, the
+        order rotating), then --rates-beyond, rising, one round each while the raw engine holds
+        --ttft-slo-ms. A rate where the raw engine misses it ends the rising: the app is not run there."""
+        args, log = self.args, self.log
+        doors = [raw, *self.at_rates(apps)]
+        rates = [float(x) for x in args.rates.split(",") if x]
+        turn = 0
+        for repeat in range(args.rate_rounds):
+            for rate in rates:
+                if log.left() < args.rate_seconds + 20:
+                    log.event(f"deadline: round {repeat + 1} stops before {rate:g}/s")
+                    return
+                for target in doors[turn % len(doors):] + doors[:turn % len(doors)]:
+                    self.at_rate(target, rate, repeat)
+                turn += 1
+        for rate in (float(x) for x in args.rates_beyond.split(",") if x):
+            if log.left() < 2 * (args.rate_seconds + 10):
+                log.event(f"deadline: no run at {rate:g}/s")
+                return
+            if self.at_rate(raw, rate, 0)["p99_ttft_ms"] >= args.ttft_slo_ms:
+                log.event(f"the raw engine's p99 first token passed {args.ttft_slo_ms:g} ms at {rate:g}/s: no higher rate")
+                return
+            for target in doors[1:]:
+                self.at_rate(target, rate, 0)
 
     def rate_search(self, raw: Target, apps: list[Target]) -> None:
         """Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective; then each
@@ -325,11 +414,49 @@ class Measurements:
                 break
         log.result["best_raw_rate"] = best
         for rate in [r for r in (best, failed) if r]:
-            for app in (a for a in apps if a.notes.get("measured", True)):
+            for app in self.at_rates(apps):
                 if log.left() < args.rate_seconds + 30:
                     log.event(f"deadline: {app.name} not run at {rate}/s")
                     continue
                 self.at_rate(app, rate)
+
+
+def timeline_sizes(folder: Path | None) -> dict[Path, int]:
+    """Every process's timeline file in `folder` (bench/gpu_app.py) and its size now."""
+    if folder is None or not folder.exists():
+        return {}
+    return {p: p.stat().st_size for p in folder.glob("timeline-*.jsonl")}
+
+
+def read_moments(folder: Path | None, before: dict[Path, int]) -> list[dict[str, Any]]:
+    """What each process recorded in `folder` since `before` (files that appeared since, from their
+    start), each moment with its process's id."""
+    from bench.frontend_rates import read_lines
+
+    moments: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("timeline-*.jsonl")) if folder and folder.exists() else []:
+        pid = int(path.stem.split("-")[1])
+        moments += [{**m, "pid": pid} for m in read_lines(path, before.get(path, 0))]
+    return sorted(moments, key=lambda m: m["t"])
+
+
+def readers(timelines: list[dict[str, Any]]) -> dict[str, float]:
+    """Replies being read at once (sent, not yet ended) while arrivals were steady: the time-weighted
+    mean from 5 s after the first request (from the first, for runs under 10 s) to the last request, and the most."""
+    spans = [(t["started"], t["arrivals"][-1][0] if t["arrivals"] else t["started"]) for t in timelines]
+    if not spans:
+        return {"mean": 0.0, "max": 0}
+    first, last = min(a for a, _ in spans), max(a for a, _ in spans)
+    lo = first + 5.0 if last - first > 10.0 else first
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    now, at, area, most = 0, lo, 0.0, 0
+    for t, step in events:
+        if lo < t and at < last:
+            area += now * (min(t, last) - at)
+            at = min(t, last)
+        now += step
+        most = max(most, now)
+    return {"mean": round(area / (last - lo), 1) if last > lo else float(most), "max": most}
 
 
 def stop_all(started: list[Target], log: RunLog, folder: Path) -> None:
@@ -350,7 +477,12 @@ def print_summary(log: RunLog) -> None:
     print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
     for r in result["rates"]:
         print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
-              f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s")
+              f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s  "
+              f"readers {r.get('readers', {}).get('mean', '-')}")
+    if any(r.get("repeat") is not None for r in result["rates"]):
+        from bench.frontend_rates import table as rate_table
+
+        print("\n" + rate_table([r for r in result["rates"] if r.get("repeat") is not None]))
     print(f"results: {log.out}  ({time.monotonic() - log.t_start:.0f} s)")
 
 
@@ -385,7 +517,10 @@ def main(argv: list[str] | None = None) -> int:
         steps.closed_loop(raw, apps)
         if args.mixed:
             steps.mixed_loads(apps, preset)
-        steps.rate_search(raw, apps)
+        if args.rate_rounds:
+            steps.rate_rounds(raw, apps)
+        else:
+            steps.rate_search(raw, apps)
     finally:
         stop_all(started, log, args.out)
     print_summary(log)

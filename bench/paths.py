@@ -81,17 +81,25 @@ def http_runner(url: str, data: Callable[[str, int], Any], count: Callable[[str]
 
 def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Callable[[str], int],
              context_lines: int, flush_ms: int | None = None, client_procs: int = 1,
-             max_threads: int | None = None, ui_workers: int | None = None) -> Target:
+             max_threads: int | None = None, ui_workers: int | None = None,
+             root: Path | None = None, timeline: Path | None = None) -> Target:
     """app.py as a subprocess; `max_threads`: launch it through bench/patched_app.py with that many
-    Gradio queue slots instead of app.py's QUEUE_SLOTS (an experiment: app.py itself is unchanged)."""
+    Gradio queue slots instead of app.py's QUEUE_SLOTS (an experiment: app.py itself is unchanged).
+    `root` (another checkout's app, e.g. the code before a change) or `timeline` (a folder for every
+    process's page-reply moments): launch it through bench/gpu_app.py."""
     from chat.presets import load_preset
     from chat.server import QUEUE_SLOTS
 
     spec = load_preset(preset)
     port = free_port()
     script = "app.py"
+    if max_threads and (root or timeline):
+        raise ValueError("max_threads runs bench/patched_app.py, root and timeline bench/gpu_app.py: one at a time")
     if max_threads:
         script, env = "bench/patched_app.py", {**env, "BENCH_GRADIO_MAX_THREADS": str(max_threads)}
+    if root or timeline:
+        script = "bench/gpu_app.py"
+        env = {**env, "BENCH_APP_ROOT": str(root or "."), **({"BENCH_TIMELINE_DIR": str(timeline)} if timeline else {})}
     argv = [python(), script, "--port", str(port), "--presets-dir", str(preset.parent), "--preset", spec.name,
             "--max-waiting", "1024"]
     if flush_ms is not None:
@@ -112,7 +120,7 @@ def app_path(name: str, preset: Path, logs: Path, env: dict[str, str], count: Ca
     path = Target(name, [server], lambda: [server.pid],
                   http_runner(url, data, count, check, context_lines, client_procs))
     path.notes = {"url": url, "flush_ms": flush_ms, "argv": argv, "gradio_max_threads": max_threads or QUEUE_SLOTS,
-                  "ui_workers": ui_workers}
+                  "ui_workers": ui_workers, "root": str(root) if root else None, "timeline": timeline}
     return path
 
 
@@ -141,13 +149,16 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
 
 
 def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1,
-                 late: bool = False) -> Target:
+                 late: bool = False, visitor: bool = False) -> Target:
     """The same app server (and engine) as `app`, used as a browser uses it: the Chat tab's own
     events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py);
     bursts (closed loop) or steady arrivals (`rate`), each turn a new tab. `late`: pages whose
     socket is not open yet when Enter is pressed, so that Gradio's turn starts the reply (as every
-    turn did before a page began its reply over the socket: chat/live.py)."""
-    protocol = "browser-late" if late else "browser"
+    turn did before a page began its reply over the socket: chat/live.py). `visitor`: each turn a
+    new visitor who loads the page through the front door and mounts it (heartbeat, load events,
+    socket) before pressing Enter (bench/frontend_client.py `visitor_turn`), the door for steady
+    arrivals. The last run's turns stay in `notes["turns"]` (their page's moments: marks, begun)."""
+    protocol = "visitor" if visitor else "browser-late" if late else "browser"
     from bench.frontend_client import Request, take_turns
 
     url = app.notes["url"]
@@ -156,8 +167,10 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
         asks = [Request(user_message(first + i, context_lines), max_tokens, [], {"knob-max_tokens": max_tokens})
                 for i in range(requests)]
         timelines = []
-        for turn in take_turns(url, protocol, asks, concurrency=concurrency, rate=rate,
-                               procs=client_procs if concurrency >= 16 or rate else 1):
+        turns = take_turns(url, protocol, asks, concurrency=concurrency, rate=rate,
+                           procs=client_procs if concurrency >= 16 or rate else 1)
+        target.notes["turns"] = turns
+        for turn in turns:
             timeline = Timeline(started=turn.started, tokens=max_tokens, handler_started=turn.process_started)
             grew = [(t, length) for (t, length), (_, before) in zip(turn.updates, [(0, 0), *turn.updates], strict=False)
                     if length > before]

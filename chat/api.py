@@ -35,7 +35,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -245,14 +245,14 @@ def same_origin(websocket: WebSocket) -> bool:
 
 
 def routes(
-    service: ChatService, store: ReplyStore, *, allows: Callable[[HTTPConnection], bool] | None = None,
+    service: ChatService, store: ReplyStore, *, allows: Callable[[HTTPConnection], Awaitable[bool]] | None = None,
     grace_s: float = GRACE_S,
 ) -> list[BaseRoute]:
     """The /chat WebSocket, its replies' logs in `store` (which the pages' tabs write into too).
     `allows` (e.g. a login check) refuses connections it returns False for."""
 
     async def chat_socket(websocket: WebSocket) -> None:
-        if not same_origin(websocket) or (allows is not None and not allows(websocket)):
+        if not same_origin(websocket) or (allows is not None and not await allows(websocket)):
             await websocket.close(code=1008)  # the handshake is refused with 403
             return
         await websocket.accept()

@@ -105,7 +105,7 @@ def _registry() -> CollectorRegistry:
 
 def routes(login: Login | None = None) -> list[BaseRoute]:
     async def metrics(request: Request) -> Response:
-        if login is not None and not login.allows(request):
+        if login is not None and not await login.allows(request):
             return Response("Log in first.", status_code=401, headers={"WWW-Authenticate": 'Basic realm="chat"'})
         return Response(generate_latest(_registry()), media_type=CONTENT_TYPE_LATEST)
 

@@ -329,7 +329,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
     middleware = [Middleware(GZipMiddleware, minimum_size=1024), Middleware(VoterCookie, keys=app.store.keys),
                   Middleware(PlainGradioErrors)]
     if app.login is not None:
-        middleware.append(Middleware(LoginLimit))
+        middleware.append(Middleware(LoginLimit, failures=app.login.failures))
     else:  # behind a login the page is a login form, not the chat whose title the shell shows
         middleware.append(Middleware(PageShell, shell=shell_of(app.default)))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ from chat.presets import Preset, PresetCatalog
 from chat.registry import EngineRegistry
 from chat.sampling import Sampling
 from chat.stream import Reply, paced_reply
+from chat.tallies import AppTallies, InProcess
 
 log = logging.getLogger(__name__)
 UNKNOWN_PRESET = "(unknown preset)"
@@ -170,7 +171,8 @@ class ChatService:
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
     admission: Admission | None = None  # None: every reply goes to the engine at once (vLLM batches them)
     per_visitor: int = 0  # --replies-per-visitor: one visitor's replies on their way at once (0: no cap)
-    _visitors: Counter[str] = field(default_factory=Counter)  # visitor -> their replies on their way
+    # Where visitors' replies on their way are counted: here, or for the whole app in the engine owner.
+    tallies: AppTallies = field(default_factory=InProcess)
     _tickets: dict[str, set[_Ticket]] = field(default_factory=dict)  # stop key -> its replies on their way
 
     # --- presets ---------------------------------------------------------------------------
@@ -222,7 +224,7 @@ class ChatService:
             sampling = request.sampling
             if not isinstance(sampling, Sampling):
                 sampling = preset.sampling.resolve(sampling)
-            ahead = self._take_share(request.visitor)
+            ahead = await self._take_share(request.visitor)
             counted = request.visitor
             if self.admission is not None:
                 if self.admission.full:
@@ -269,9 +271,7 @@ class ChatService:
             if admitted is not None:
                 admitted.leave()
             if counted:
-                self._visitors[counted] -= 1
-                if not self._visitors[counted]:
-                    del self._visitors[counted]
+                self.tallies.release(share_key(counted))
             self._release(ticket)
             if ticket.reply is not None and ticket.reply.stats is not None:
                 metrics.reply_finished(ticket.reply.stats)
@@ -299,16 +299,15 @@ class ChatService:
             self.pacer.ended()
             in_flight.dec()
 
-    def _take_share(self, visitor: str) -> int:
+    async def _take_share(self, visitor: str) -> int:
         """Count a reply of `visitor`'s as on its way; how many they had already. VisitorBusy where
         that is their whole share."""
         if not visitor:
             return 0
-        held = self._visitors[visitor]
-        if self.per_visitor and held >= self.per_visitor:
-            raise VisitorBusy(f"You have {held} replies being written already, as many as one visitor may; "
-                              "wait for one to finish (or stop one), then send this again.")
-        self._visitors[visitor] = held + 1
+        held = await self.tallies.hold(share_key(visitor), self.per_visitor)
+        if held is None:
+            raise VisitorBusy(f"You have {self.per_visitor} replies being written already, as many as one visitor "
+                              "may; wait for one to finish (or stop one), then send this again.")
         return held
 
     # --- Stop ------------------------------------------------------------------------------
@@ -333,6 +332,11 @@ class ChatService:
         tickets.discard(ticket)
         if not tickets:
             self._tickets.pop(ticket.key, None)
+
+
+def share_key(visitor: str) -> str:
+    """The tally of a visitor's replies on their way (chat/tallies.py)."""
+    return f"replies:{visitor}"
 
 
 def _reason(exc: ChatError) -> str:

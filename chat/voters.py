@@ -90,7 +90,7 @@ class Voter:
         if voter is None:
             return None
         host = str(getattr(getattr(request, "client", None), "host", "") or "")
-        return cls(keys.digest("voter", voter), "" if _loopback(host) else keys.digest("address", host))
+        return cls(keys.digest("voter", voter), "" if _loopback(host) else keys.digest("address", address_group(host)))
 
 
 VISITOR = "chat_visitor"  # the name under which VoterCookie leaves a request's visitor in its state

@@ -37,7 +37,7 @@ def routes(
         if healthy and starting:
             healthy, reason = False, f"{starting} of {len(workers)} UI workers are still starting."
         body: dict[str, Any] = {"status": "ok" if healthy else "unavailable"}
-        if login is not None and not login.allows(request):
+        if login is not None and not await login.allows(request):
             return JSONResponse(body, status_code=200 if healthy else 503, headers=NO_STORE)
         body["engines"] = [
             {"preset": v.preset, "state": v.state, "status": v.status, "running": v.running, "waiting": v.waiting,
@@ -59,7 +59,7 @@ def routes(
         """The Chat tab's engine line for `?preset=NAME`, which the page asks for every few seconds
         (chat/ui/engine_line.js): a plain request, where a Gradio event would cost the page a
         redraw of every component and the server a trip through its queue."""
-        if login is not None and not login.allows(request):
+        if login is not None and not await login.allows(request):
             return JSONResponse({"error": "Log in first."}, status_code=401)
         line = service.engine_line(request.query_params.get("preset") or None)
         return JSONResponse({"line": line, "banner": lab.banner() if lab is not None else ""}, headers=NO_STORE)

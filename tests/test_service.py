@@ -265,7 +265,7 @@ async def test_a_visitor_gets_a_share_of_replies_at_once_and_their_later_ones_wa
         service.stop("mine")
         assert all(isinstance(event, Finished) for event in await asyncio.gather(*mine))
         assert isinstance(await read(ask(visitor="voter:me")), Finished)  # a place again
-        assert not service._visitors
+        assert not service.tallies.tallies._held  # every share given back
     finally:
         service.per_visitor = 0
     assert await engine_idle(engine)

@@ -68,3 +68,20 @@ def test_a_votes_file_from_before_voters_is_upgraded_in_place(tmp_path):
         assert old.voter == "" and old.prompt == "p"
         store.record(voted(), 0, "s2", Voter("v", "a"))
         assert [r.voter for r in store.votes()] == ["", "v"]
+
+
+def test_an_ipv6_network_is_one_voters_address(tmp_path):
+    """One host gets a whole /64: its addresses are one address to the votes' limits."""
+    from types import SimpleNamespace
+
+    from chat.voters import COOKIE
+
+    keys = VoterKeys.beside(tmp_path / "votes.sqlite3")
+    cookie = keys.issue()
+
+    def voter(host: str) -> Voter | None:
+        return Voter.of(keys, SimpleNamespace(cookies={COOKIE: cookie}, client=SimpleNamespace(host=host)))
+
+    one, same, other = voter("2001:db8:5:6::1"), voter("2001:db8:5:6:ffff::2"), voter("2001:db8:5:7::1")
+    assert one and same and other and one.address == same.address != other.address
+    assert voter("::1") and voter("::1").address == ""  # this machine's own loopback: not counted

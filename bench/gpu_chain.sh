@@ -17,8 +17,8 @@
 #    interleaved until the chain's time (CHAIN_S after start) is spent.
 set -uo pipefail
 C=/tmp/chain
-CHAIN_S=${CHAIN_S:-1130}
-RATES_DEADLINE=${RATES_DEADLINE:-870}
+CHAIN_S=${CHAIN_S:-1100}
+RATES_DEADLINE=${RATES_DEADLINE:-860}
 
 follow() {  # follow the chain's log for up to $1 seconds, then copy what it has written to $OUT
   local end=$(( $(date +%s) + $1 )) shown=0 lines

@@ -1,22 +1,20 @@
-"""The line between the engine owner (in the supervisor, chat/owner.py) and each UI worker
-(chat/owner_link.py): typed messages on ZeroMQ.
+"""The line between the engine owner (chat/owner.py, in the supervisor) and each UI worker
+(chat/owner_link.py): pydantic messages on ZeroMQ (pyzmq comes with vLLM, whose engine cores speak it).
 
 The owner binds a ROUTER socket in the app's private folder (mode 0700: no other local user can
-reach it) and each worker connects a DEALER to it for its life; pyzmq comes with vLLM, whose own
-engine cores speak the same library. Each message is a pydantic model, sent as JSON and read back
-through a union on `op` (as chat/api_schema.py reads the /chat API), so a message that does not
-fit fails at the line. A question carries an `id` that its answers repeat. Nothing a browser sends
-reaches this line.
+reach it), each worker connects a DEALER for its life. A message that does not fit the models below
+fails at the line, as the /chat API's do (chat/api_schema.py). A question carries an `id` that its
+answers repeat. Nothing a browser sends reaches this line.
 
     worker                                owner
     Hello                           ->
     Acquire(preset, have)           ->    starts or wakes the engine (budget, back-off)
-                                    <-    Progress*, then Granted (a client slot) | Refused
+                                    <-    Progress*, then Answer: ok with a client slot, or why not
     Report                          ->    when its streams or load changed (at most twice a second)
-                                    <-    Snapshot: every engine as the whole app sees it, the workers,
-                                          the capacity test; when something changed
-                                    <-    News(drain) -> Answer(ok: idle); News(resume | asleep | died),
-                                          News(detach) -> Answer
+                                    <-    Snapshot when something changed: every engine as the whole
+                                          app sees it, the workers, the capacity test
+                                    <-    EngineNews(drain) -> Answer(ok: idle); (resume | asleep | died);
+                                          (detach) -> Answer once its client is closed
     Capacity(take | give_back | stop) ->  one capacity test at a time -> Answer (take);
                                     <-    Capacity(stop) to the worker that runs it
 """
@@ -24,14 +22,14 @@ reaches this line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
-from collections.abc import Coroutine, Iterator
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from zmq.asyncio import Context
 from zmq.constants import DEALER, LINGER, ROUTER, ROUTER_MANDATORY
 from zmq.error import ZMQError
@@ -39,7 +37,7 @@ from zmq.error import ZMQError
 from chat.engine_core import EngineSlot
 from chat.registry import EngineView
 
-ADDRESS = "owner.sock"
+log = logging.getLogger(__name__)
 
 
 class WorkerState(enum.StrEnum):
@@ -50,8 +48,6 @@ class WorkerState(enum.StrEnum):
 
 
 class News(enum.StrEnum):
-    """What the owner tells a worker about one of its engines."""
-
     DRAIN = "drain"  # is it idle here? if so, hold new requests for it until told what became of it
     RESUME = "resume"  # kept: go on
     ASLEEP = "asleep"
@@ -113,18 +109,14 @@ class Progress(_Message):
     delay: float
 
 
-class Granted(_Message):
-    op: Literal["granted"] = "granted"
+class Answer(_Message):  # a question's last answer
+    op: Literal["answer"] = "answer"
     id: int
-    generation: int
-    slot: EngineSlot | None = None  # None: the client it has is on this generation
-
-
-class Refused(_Message):
-    op: Literal["refused"] = "refused"
-    id: int
-    message: str
+    ok: bool = True
+    message: str = ""  # why not
     busy: bool = False  # no room now, rather than failed
+    generation: int = 0  # to Acquire: the core's start that the slot is on
+    slot: EngineSlot | None = None  # to Acquire: None when the worker's client is on this generation already
 
 
 class Snapshot(_Message):
@@ -150,19 +142,9 @@ class Capacity(_Message):
     test: CapacityView | None = None  # with take
 
 
-class Answer(_Message):
-    op: Literal["answer"] = "answer"
-    id: int
-    ok: bool = True
-    message: str = ""
-
-
-Message = Annotated[Hello | Acquire | Report | Progress | Granted | Refused | Snapshot | EngineNews | Capacity | Answer,
+Message = Annotated[Hello | Acquire | Report | Progress | Answer | Snapshot | EngineNews | Capacity,
                     Field(discriminator="op")]
 MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
-FINAL = (Granted, Refused, Answer)  # a question's last answer
-
-
 _RUNNING: set[asyncio.Task[Any]] = set()
 
 
@@ -174,64 +156,60 @@ def background(work: Coroutine[Any, Any, Any]) -> None:
 
 
 class Line:
-    """One end of the line: the owner's (ROUTER: `peer` names the worker) or a worker's (DEALER)."""
+    """One end of the line: the owner's (ROUTER: `peer` names a worker) or a worker's (DEALER: b"")."""
 
     def __init__(self, folder: Path, owner: bool) -> None:
         self.context = Context()
         self.socket = self.context.socket(ROUTER if owner else DEALER)
         self.socket.setsockopt(LINGER, 0)
-        address = f"ipc://{folder / ADDRESS}"
         if owner:
             self.socket.setsockopt(ROUTER_MANDATORY, 1)  # a message to a worker gone raises, not vanishes
-            self.socket.bind(address)
+            self.socket.bind(f"ipc://{folder / 'owner.sock'}")
         else:
-            self.socket.connect(address)
+            self.socket.connect(f"ipc://{folder / 'owner.sock'}")
+        self._ids = itertools.count(1)
+        self._asked: dict[int, tuple[bytes, asyncio.Queue[Progress | Answer]]] = {}
 
-    async def send(self, message: _Message, peer: bytes | None = None) -> None:
+    async def send(self, message: _Message, peer: bytes = b"") -> None:
         """Send; ConnectionError when `peer` is gone."""
-        data = message.model_dump_json().encode()
         try:
-            await self.socket.send_multipart([data] if peer is None else [peer, data])
+            await self.socket.send_multipart([*([peer] if peer else []), message.model_dump_json().encode()])
         except ZMQError as exc:
             raise ConnectionError(f"the other end is gone ({exc})") from exc
 
-    async def receive(self) -> tuple[bytes, Message]:
-        """The next message and who sent it (b"" on a worker's end). Raises pydantic's ValidationError
-        for one that is not a message."""
-        *peer, data = await self.socket.recv_multipart()
-        return (peer[0] if peer else b""), MESSAGE.validate_json(data)
+    async def messages(self) -> AsyncIterator[tuple[bytes, Message]]:
+        """Each message that answers none of our questions, with its sender; one that is not a message is logged."""
+        while True:
+            *peer, data = await self.socket.recv_multipart()
+            try:
+                message = MESSAGE.validate_json(data)
+            except ValidationError as exc:
+                log.warning("A message on the owner's line cannot be read: %s", exc.errors()[:1])
+                continue
+            if isinstance(message, (Progress, Answer)) and message.id in self._asked:
+                self._asked[message.id][1].put_nowait(message)
+            else:
+                yield (peer[0] if peer else b""), message
+
+    async def ask(self, question: Acquire | Capacity | EngineNews, peer: bytes = b"",
+                  progress: Callable[[Progress], None] = lambda _: None) -> Answer:
+        """Send a question and return its answer (not ok if `peer` goes first); `progress` meanwhile."""
+        ident, answers = next(self._ids), asyncio.Queue[Progress | Answer]()
+        self._asked[ident] = (peer, answers)
+        try:
+            await self.send(question.model_copy(update={"id": ident}), peer)
+            while isinstance(answer := await answers.get(), Progress):
+                progress(answer)
+            return answer
+        finally:
+            del self._asked[ident]
+
+    def gone(self, peer: bytes) -> None:
+        """`peer` has gone: its questions end unanswered."""
+        for ident, (asked, answers) in self._asked.items():
+            if asked == peer:
+                answers.put_nowait(Answer(id=ident, ok=False, message="It has gone."))
 
     def close(self) -> None:
         self.socket.close()
         self.context.term()
-
-
-class Calls:
-    """Questions sent on a line, waiting for their answers."""
-
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self._open: dict[int, asyncio.Queue[Message | None]] = {}
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[tuple[int, asyncio.Queue[Message | None]]]:
-        """A new question's id, and where its answers arrive."""
-        ident, queue = next(self._ids), asyncio.Queue[Message | None]()
-        self._open[ident] = queue
-        try:
-            yield ident, queue
-        finally:
-            del self._open[ident]
-
-    def answered(self, message: Message) -> bool:
-        """Hand an answer to its question; False when it answers none (a question itself)."""
-        queue = self._open.get(getattr(message, "id", 0))
-        if queue is None or not isinstance(message, (Progress, *FINAL)):
-            return False
-        queue.put_nowait(message)
-        return True
-
-    def close(self) -> None:
-        """The other end is gone: every question still open gets None."""
-        for queue in self._open.values():
-            queue.put_nowait(None)

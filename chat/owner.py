@@ -1,13 +1,13 @@
 """One owner for every engine of the app, when several UI workers serve it (`--ui-workers N`).
 
-The `EngineOwner` lives in the supervisor and holds the app's one `EngineRegistry`
-(chat/registry.py): it alone starts, wakes, puts to sleep, unloads and restarts engines, within the
-one memory budget, and backs off after failures. It is that registry's `Sharing`: each engine is a
-shared core (chat/engine_core.py) with a client slot for every worker, and the owner holds slot 0
-itself (for sleep and wake, and to write the warm-up token). Before it takes an engine away it asks
-every worker whether the engine is idle there, and it lets their clients go before it stops a core.
-A core's process that ends is seen at once (its sentinel, on the owner's event loop) and the core
-restarted. The workers speak to it over chat/control.py.
+The `EngineOwner` lives in the supervisor and is the `Sharing` (chat/registry.py) of the app's one
+`EngineRegistry`: it alone starts, wakes, puts to sleep, unloads and restarts engines, within the one
+memory budget, and backs off after failures. Each engine is a shared core (chat/engine_core.py) with
+a client slot for every worker; the owner holds slot 0 itself (for sleep and wake, and to write the
+warm-up token). Before it takes an engine away it asks every worker whether the engine is idle
+there, and it lets their clients go before it stops a core. A core's process that ends is seen at
+once (its sentinel, on the owner's event loop) and the core restarted. The workers speak to it over
+chat/control.py.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from chat import control
 from chat.engine import RESTARTING, Engine, EngineState
@@ -41,14 +39,14 @@ NO_SLOT = ("{name} has no connection left for a replaced UI worker; it gets new 
 CAPACITY_TAKEN = "A capacity test is already running; wait for it to end, or press Stop."
 
 
+@dataclass
 class Peer:
     """One UI worker's process, as the owner knows it."""
 
-    def __init__(self, ident: bytes, worker: int) -> None:
-        self.ident, self.worker = ident, worker
-        self.calls = control.Calls()
-        self.report: control.Report | None = None
-        self.settled = False  # its first engine start has ended (joined and warmed up, or failed)
+    ident: bytes
+    worker: int
+    report: control.Report | None = None
+    settled: bool = False  # its first engine start has ended (joined and warmed up, or failed)
 
 
 class EngineOwner(Sharing):
@@ -66,7 +64,6 @@ class EngineOwner(Sharing):
         self.first_tokens: deque[tuple[float, str, float]] = deque(maxlen=10_000)
         self.line: control.Line | None = None
         self._generations = itertools.count(1)
-        self._holders: dict[str, set[bytes]] = {}  # engine key -> the peers with a slot at its core
         self._free: dict[str, list[int]] = {}  # engine key -> slots nobody has taken
         self._taking: dict[str, asyncio.Event] = {}  # engines being put to sleep or unloaded to make room
         self._news = asyncio.Event()
@@ -77,12 +74,7 @@ class EngineOwner(Sharing):
         self.line = control.Line(self.folder, owner=True)
         broadcast = asyncio.get_running_loop().create_task(self._broadcast())
         try:
-            while True:
-                try:
-                    ident, message = await self.line.receive()
-                except ValidationError as exc:
-                    log.warning("A UI worker sent a message the owner cannot read: %s", exc.errors()[:1])
-                    continue
+            async for ident, message in self.line.messages():
                 self._take(ident, message)
         finally:
             broadcast.cancel()
@@ -92,7 +84,8 @@ class EngineOwner(Sharing):
         """UI worker `worker`'s process ended: its questions end unanswered, its capacity test with it."""
         for peer in [p for p in self.peers.values() if p.worker == worker]:
             del self.peers[peer.ident]
-            peer.calls.close()
+            if self.line is not None:
+                self.line.gone(peer.ident)
             if self.capacity is not None and self.capacity[0] == peer.ident:
                 self.capacity = None
         self.news()
@@ -105,7 +98,7 @@ class EngineOwner(Sharing):
 
     async def prepare(self, engine: Engine) -> None:
         engine.generation = next(self._generations)
-        self._holders[engine.key], self._free[engine.key] = set(), list(range(1, self.slots))
+        self._free[engine.key] = list(range(1, self.slots))
 
     def build(self, engine: Engine, make_room: Callable[[Engine], None]) -> None:
         engine.build(make_room, shared_slots=self.slots, sockets=self.folder)
@@ -113,9 +106,8 @@ class EngineOwner(Sharing):
     async def may_take(self, engine: Engine) -> bool:
         if engine.in_use:
             return False
-        peers = list(self.peers.values())
-        answers = await asyncio.gather(*(self._ask(p, control.EngineNews(news=control.News.DRAIN, key=engine.key)) for p in peers),
-                                       return_exceptions=True)
+        drain = control.EngineNews(news=control.News.DRAIN, key=engine.key)
+        answers = await asyncio.gather(*(self._ask(p, drain) for p in list(self.peers.values())), return_exceptions=True)
         if all(isinstance(a, control.Answer) and a.ok for a in answers):
             self._taking[engine.key] = asyncio.Event()  # a worker asking for it now waits until it is asleep or gone
             return True
@@ -135,8 +127,8 @@ class EngineOwner(Sharing):
 
     def died(self, engine: Engine) -> bool:
         self._watch(engine, False)
-        control.background(self._tell_all(control.EngineNews(news=control.News.DIED, key=engine.key, generation=engine.generation,
-                                              reason=RESTARTING)))
+        control.background(self._tell_all(control.EngineNews(
+            news=control.News.DIED, key=engine.key, generation=engine.generation, reason=RESTARTING)))
         return True
 
     def changed(self, engine: Engine) -> None:
@@ -189,8 +181,6 @@ class EngineOwner(Sharing):
             self.news()
         elif peer is None:
             log.warning("A UI worker that did not say hello sent %r", message.op)
-        elif peer.calls.answered(message):
-            pass
         elif isinstance(message, control.Report):
             self._record(peer, message)
         elif isinstance(message, control.Acquire):
@@ -212,32 +202,28 @@ class EngineOwner(Sharing):
         self.news()
 
     async def _acquire(self, peer: Peer, ask: control.Acquire) -> None:
-        answer: control.Granted | control.Refused
         try:
             preset = self.catalog.get(ask.preset)
             while True:
                 async for _ in self.registry.wait_until_ready(preset):
                     if (engine := self.registry.peek(preset)) is not None:
                         await self._send(peer, control.Progress(id=ask.id, phase=engine.phase, delay=engine.start_delay_s,
-                                                        elapsed=time.monotonic() - engine.started_at))
+                                                                elapsed=time.monotonic() - engine.started_at))
                 engine = await self.registry.get(preset)
                 if (taking := self._taking.get(engine.key)) is None:
                     break
                 await taking.wait()  # being put to sleep or unloaded: then wake or start it again
         except ChatError as exc:
-            answer = control.Refused(id=ask.id, message=exc.message, busy=isinstance(exc, EngineBusy))
+            await self._send(peer, control.Answer(id=ask.id, ok=False, message=exc.message, busy=isinstance(exc, EngineBusy)))
+            return
+        free = self._free.get(engine.key, [])
+        if ask.have == engine.generation:  # its client is on this core already
+            answer = control.Answer(id=ask.id, generation=engine.generation)
+        elif free and engine.core is not None:
+            answer = control.Answer(id=ask.id, generation=engine.generation, slot=engine.core.slot(free.pop(0)))
         else:
-            answer = self._grant(peer, engine, ask)
+            answer = control.Answer(id=ask.id, ok=False, message=NO_SLOT.format(name=engine.preset.name))
         await self._send(peer, answer)
-
-    def _grant(self, peer: Peer, engine: Engine, ask: control.Acquire) -> control.Granted | control.Refused:
-        holders, free = self._holders.setdefault(engine.key, set()), self._free.get(engine.key, [])
-        if ask.have == engine.generation and peer.ident in holders:
-            return control.Granted(id=ask.id, generation=engine.generation)
-        if not free or engine.core is None:
-            return control.Refused(id=ask.id, message=NO_SLOT.format(name=engine.preset.name))
-        holders.add(peer.ident)
-        return control.Granted(id=ask.id, generation=engine.generation, slot=engine.core.slot(free.pop(0)))
 
     async def _capacity(self, peer: Peer, message: control.Capacity) -> None:
         holder = self.peers.get(self.capacity[0]) if self.capacity else None
@@ -252,13 +238,11 @@ class EngineOwner(Sharing):
             await self._send(holder, control.Capacity(act="stop"))
         self.news()
 
-    async def _ask(self, peer: Peer, question: control.EngineNews, within_s: float = ASK_TIMEOUT_S) -> control.Message | None:
-        """Send a question and wait for the worker's answer (None if it went; TimeoutError if it is slow)."""
+    async def _ask(self, peer: Peer, news: control.EngineNews, within_s: float = ASK_TIMEOUT_S) -> control.Answer:
+        """The worker's answer (not ok if it went; TimeoutError if it is slow)."""
         assert self.line is not None
-        with peer.calls.open() as (ident, answers):
-            await self.line.send(question.model_copy(update={"id": ident}), peer.ident)
-            async with asyncio.timeout(within_s):  # not wait_for, which may lose a cancel (chat/stream.py `paced`)
-                return await answers.get()
+        async with asyncio.timeout(within_s):  # not wait_for, which may lose a cancel (chat/stream.py `paced`)
+            return await self.line.ask(news, peer.ident)
 
     async def _send(self, peer: Peer, message: control.Message) -> None:
         if self.line is not None:
@@ -279,7 +263,7 @@ class EngineOwner(Sharing):
             self._news.clear()
             try:
                 snapshot = control.Snapshot(engines=self.registry.overview(first_tokens=True), workers=self.worker_states(),
-                                    capacity=self.capacity[1] if self.capacity else None)
+                                            capacity=self.capacity[1] if self.capacity else None)
             except Exception:  # a bug here must not leave the workers without news for good
                 log.exception("The engines' snapshot for the UI workers failed")
                 continue

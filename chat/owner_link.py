@@ -2,34 +2,26 @@
 
 `OwnerLink` is the worker's line to the owner (chat/control.py) and its registry's `Sharing`
 (chat/registry.py): where a single process would start or wake an engine, the registry asks the
-owner through it, shows the owner's progress to its readers, and joins the engine's shared core on
-the slot it is given (chat/engine_core.py). It tells the owner what only this worker knows (its
-streams, the scheduler views its clients saw, its times to first token) when that changes, and
-shows what the owner sends back: every engine as the whole app sees it. When the owner wants to
-take an engine away it asks first; an engine idle here is then held (new requests for it wait)
-until the owner says what happened: resumed, asleep, unloaded (`detach`) or dead.
-
-Without its owner a worker cannot serve; the owner lives in the worker's parent, the supervisor,
-and a worker whose parent is gone stops (chat/lifeline.py).
+owner, shows the owner's progress to its readers, and joins the engine's shared core on the slot it
+is given (chat/engine_core.py). It tells the owner what only this worker knows (its streams, the
+scheduler views its clients saw, its times to first token) when that changes, and shows what the
+owner sends back: every engine as the whole app sees it. An engine the owner wants to take away and
+that is idle here is held (new requests for it wait) until the owner says what became of it.
+Without its owner, in its parent process, a worker stops (chat/lifeline.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 from chat import control, metrics
 from chat.engine import RESTARTING, Engine, EngineState
 from chat.errors import EngineBusy, EngineError, InputError
 from chat.registry import EngineRegistry, EngineView, Sharing
-
-log = logging.getLogger(__name__)
 
 REPORT_GAP_S = 0.5  # at most two reports a second, however much changes
 
@@ -43,7 +35,6 @@ class OwnerLink(Sharing):
         self.snapshot: control.Snapshot | None = None
         self.on_capacity_stop: list[Callable[[], None]] = []
         self.line: control.Line | None = None
-        self._calls = control.Calls()
         self._changed = asyncio.Event()
         self._sent_first_tokens = 0.0
 
@@ -58,26 +49,9 @@ class OwnerLink(Sharing):
         if self.line is not None:
             self.line.close()
 
-    async def _ask(self, question: control.Acquire | control.Capacity) -> AsyncIterator[Any]:
-        """Send a question; yield the owner's answers to it, the last one final."""
-        assert self.line is not None
-        with self._calls.open() as (ident, answers):
-            await self.line.send(question.model_copy(update={"id": ident}))
-            while True:
-                yield (answer := await answers.get())
-                if isinstance(answer, (control.Granted, control.Refused, control.Answer)):
-                    return
-
     async def _listen(self) -> None:
         assert self.line is not None
-        while True:
-            try:
-                _, message = await self.line.receive()
-            except ValidationError as exc:
-                log.warning("The engine owner sent a message this worker cannot read: %s", exc.errors()[:1])
-                continue
-            if self._calls.answered(message):
-                continue
+        async for _, message in self.line.messages():
             if isinstance(message, control.Snapshot):
                 self.snapshot = message
             elif isinstance(message, control.EngineNews):
@@ -88,17 +62,18 @@ class OwnerLink(Sharing):
 
     # --- the registry's engines, from the owner ----------------------------------------------
 
-    async def _acquire(self, engine: Engine, have: int | None) -> control.Granted:
+    async def _acquire(self, engine: Engine, have: int | None) -> control.Answer:
         """The owner's grant of `engine`, its progress shown meanwhile; raises EngineBusy or EngineError."""
-        async for answer in self._ask(control.Acquire(preset=engine.preset.name, have=have)):
-            if isinstance(answer, control.Progress):
-                engine.phase, engine.start_delay_s = answer.phase, answer.delay
-                engine.started_at = time.monotonic() - answer.elapsed
-            elif isinstance(answer, control.Refused):
-                raise (EngineBusy if answer.busy else EngineError)(answer.message)
-            elif isinstance(answer, control.Granted):
-                return answer
-        raise EngineError(RESTARTING)
+
+        def progress(step: control.Progress) -> None:
+            engine.phase, engine.start_delay_s = step.phase, step.delay
+            engine.started_at = time.monotonic() - step.elapsed
+
+        assert self.line is not None
+        answer = await self.line.ask(control.Acquire(preset=engine.preset.name, have=have), progress=progress)
+        if not answer.ok:
+            raise (EngineBusy if answer.busy else EngineError)(answer.message)
+        return answer
 
     async def prepare(self, engine: Engine) -> None:
         granted = await self._acquire(engine, None)
@@ -133,7 +108,7 @@ class OwnerLink(Sharing):
         return [w.model_dump(mode="json") for w in self.snapshot.workers] if self.snapshot else []
 
     async def _obey(self, news: control.EngineNews) -> None:
-        """What the owner says: answer a question, or learn what happened to an engine."""
+        """Answer the owner's question, or learn what happened to an engine."""
         assert self.line is not None and self.registry is not None
         engine = next((e for e in self.registry if e.key == news.key), None)
         if news.news is control.News.DRAIN:  # a reply counts from the moment it picks the engine (`Engine.in_use`)
@@ -174,10 +149,10 @@ class OwnerLink(Sharing):
     # --- one capacity test at a time, for the whole app ----------------------------------------
 
     async def take_capacity(self, presets: list[str], nominal_s: float, by: str) -> None:
+        assert self.line is not None
         test = control.CapacityView(presets=presets, ends_at=time.time() + nominal_s, by=by)
-        async for answer in self._ask(control.Capacity(act="take", test=test)):
-            if not answer.ok:
-                raise InputError(answer.message)
+        if not (answer := await self.line.ask(control.Capacity(act="take", test=test))).ok:
+            raise InputError(answer.message)
 
     def give_back_capacity(self) -> None:
         assert self.line is not None

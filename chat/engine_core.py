@@ -1,21 +1,18 @@
 """An engine core that several processes share: started once, every UI worker a client of it.
 
-This is the other half of the engine layer (chat/engine.py is the first): everything here speaks
-vLLM. `vllm serve --api-server-count N` scales its own front end the same way: the engine core
-(the scheduler and the model, in their own processes) starts once with N client slots, and each
-front-end process holds an `AsyncLLM` client on one slot. Here:
+The other half of the engine layer (chat/engine.py is the first); everything here speaks vLLM. As
+`vllm serve --api-server-count N` does, the core (the scheduler and the model, in processes of their
+own) starts once with N client slots, and each front-end process holds an `AsyncLLM` on one slot:
 
-    core = SharedCore.start(preset, slots=8, folder=private_dir)   # blocking: the processes start
-    core.wait_ready()                                             # blocking: the model is loaded
-    slot = core.slot(3)                                           # plain strings: sent to a worker
-    llm = join_core(preset, folder, slot, stat_loggers)           # in that worker: its AsyncLLM client
+    core = SharedCore(preset, folder, slots=8, sockets=private_dir)   # blocking: the processes start
+    core.wait_ready()                                                 # blocking: the model is loaded
+    llm = join_core(preset, folder, core.slot(3), stat_loggers)       # in a worker: its client
 
-A slot's addresses are Unix sockets in a private folder, and each client binds its own when it
-joins; the core connects to every slot at its start and keeps trying until the client is there.
-So a slot can go to a process that was running long before the core started, and nothing another
-local user runs can take its address. vLLM's core greets each slot once, at its start: a client
-that joins a slot whose earlier client died waits for that greeting forever. Each core therefore
-starts with spare slots, and a replacement process takes a fresh one.
+A slot's addresses are Unix sockets in a private folder; each client binds its own when it joins,
+and the core keeps trying to connect to every slot from its start, so a slot can go to a process
+that ran long before the core, and no other local user can take its address. vLLM's core greets
+each slot once, at its start (a client that joins the slot of one that died waits forever), so
+each core has spare slots for replaced workers.
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ def on_cpu() -> bool:
 
 
 def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:
-    """The preset's engine arguments completed for this machine. On a CPU, a preset that names no
-    dtype gets the fastest one for the processor, and the engine's processes the environment that
-    suits it (chat/cpu.py)."""
+    """The preset's engine arguments completed for this machine (on a CPU: the fastest dtype for the
+    processor unless the preset names one, and the environment that suits it, chat/cpu.py)."""
     engine_args = dict(preset.engine)
     engine_args.setdefault("served_model_name", preset.model if preset.model_kind == "hub" else folder.name)
     # The weights' progress bars (five lines on the console at each start) with --verbose only, which
@@ -72,8 +68,8 @@ def engine_args(preset: Preset, folder: Path) -> Any:
 
 @dataclass(frozen=True)
 class EngineSlot:
-    """One client's place at a shared engine core: the addresses it binds, how many clients the
-    core serves and which one this is. Plain data, so it can travel to another process."""
+    """One client's place at a shared core: the addresses it binds, how many clients the core serves
+    and which one this is (plain data, sent to another process)."""
 
     input_address: str
     output_address: str
@@ -83,8 +79,7 @@ class EngineSlot:
 
 
 def join_core(preset: Preset, folder: Path, slot: EngineSlot, stat_loggers: list[Any]) -> AsyncLLM:
-    """Blocking: an AsyncLLM client on `slot` of a core started elsewhere (returns once the core
-    has greeted it)."""
+    """Blocking: an AsyncLLM client on `slot` of a core started elsewhere, once the core has greeted it."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = engine_args(preset, folder)
@@ -124,7 +119,6 @@ class SharedCore:
             self._launch = engine_utils.launch_core_engines(config, executor, True, addresses, slots)
             self.manager, self.coordinator, _, _ = self._launch.__enter__()
         self.addresses = addresses
-        self.sockets = sockets
         log.info("Engine core for %r started with %d client slots", preset.name, slots)
 
     def wait_ready(self) -> None:
@@ -145,12 +139,8 @@ class SharedCore:
         return self.manager is None or all(p.is_alive() for p in getattr(self.manager, "processes", []))
 
     def shutdown(self) -> None:
-        """Blocking: stop the core's processes and remove its sockets.
-
-        vLLM's engine manager kills a core still running 5 s after asking it to stop, with two
-        warnings, and a shared core takes longer: its teardown ends by waiting up to 4 s to tell each
-        client slot that it stops (ZMQ's linger), and a slot whose client has gone, or never came (the
-        spares), never takes that message. So it gets CORE_STOP_S."""
+        """Blocking: stop the core's processes (within CORE_STOP_S: its teardown waits up to 4 s, ZMQ's
+        linger, to tell each slot that it stops, and a gone or spare client never takes it) and remove its sockets."""
         if self.manager is not None:
             self.manager.shutdown(timeout=CORE_STOP_S)
         if self.coordinator is not None:

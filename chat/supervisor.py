@@ -1,22 +1,18 @@
 """Several UI processes on the app's engines, behind one port: `python app.py --ui-workers N`.
 
 Gradio runs every event of a process on one event loop, and at a few hundred simultaneous readers
-that loop, not the engine, sets the pace (docs/benchmarks.md, "Front-end capacity"). vLLM's own server scales
-out the same way (`vllm serve --api-server-count`): each engine core starts once and every front-end
-process holds a client of it. The supervisor runs three things:
+that loop, not the engine, sets the pace (docs/benchmarks.md, "Front-end capacity"). vLLM's own
+server scales out the same way (`vllm serve --api-server-count`): each engine core starts once and
+every front-end process holds a client of it. The supervisor runs:
 
     browsers ─> Caddy on the public port (chat/front_door.py) ─> UI worker i (Gradio; a client of each core it uses) ─┐
                                                                ─> UI worker j ...                                   ─┴─> engine cores
                                    the engine owner (chat/owner.py): starts, wakes, puts to sleep, unloads, restarts every core
 
-- The engine owner decides every engine's life for all workers (chat/owner.py); a worker asks it.
-- N UI workers (chat/server.py), each on a private port that stays the same for its replacements.
-- The front door, Caddy, started again if it stops.
-
-A worker that dies is replaced on its port while the others keep serving; the front door sends its
-visitors elsewhere meanwhile (their pages then start a new session). Every process writes its
-metrics to one folder (prometheus_client's multiprocess mode), so `/metrics` from any worker is the
-whole app's.
+A worker that dies is replaced on its port while the others keep serving (the front door sends its
+visitors elsewhere meanwhile; their pages start a new session); Caddy is started again if it stops.
+Every process writes its metrics to one folder (prometheus_client's multiprocess mode), so
+`/metrics` from any worker is the whole app's.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -56,9 +53,8 @@ FRONT_DOOR_START_S = 10.0
 
 def private_port() -> socket.socket:
     """A socket bound to a free loopback port, not listening: a worker listens on it, and it stays
-    bound in the supervisor for as long as the app runs. Bound without SO_REUSEADDR, it keeps every
-    other program off the port, also while no worker listens, so the front door can only ever reach
-    this app's workers there."""
+    bound here for as long as the app runs. Bound without SO_REUSEADDR, it keeps every other program
+    off the port, also while no worker listens, so the front door only ever reaches this app's workers."""
     while True:
         with socket.socket() as chooser:
             chooser.bind(("127.0.0.1", 0))
@@ -71,20 +67,9 @@ def private_port() -> socket.socket:
             bound.close()
 
 
-def stop_listening(bound: socket.socket) -> None:
-    """A dead worker's port refuses connections (so the front door tries another worker at once)
-    but stays bound here until the replacement listens on it again. The worker listened with
-    SO_REUSEADDR (chat/ui/gradio_internals.py, serve_on); without it again, the bound socket keeps
-    every other program off the port in the meantime."""
-    with contextlib.suppress(OSError):  # not listening
-        bound.shutdown(socket.SHUT_RD)
-    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-
-
 def port_is_free(host: str, port: int) -> str | None:
     """None when `host:port` can be listened on; otherwise why not, in words."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
@@ -93,11 +78,16 @@ def port_is_free(host: str, port: int) -> str | None:
     return None
 
 
-def private_folder() -> Path:
-    """A new folder only this user can enter: the owner's socket and the engine cores' sockets."""
-    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
-    os.chmod(folder, 0o700)
-    return folder
+async def listening(host: str, port: int, alive: Callable[[], bool], within_s: float = float("inf")) -> bool:
+    """Whether something listens on `host:port` before `alive()` turns false or `within_s` pass."""
+    deadline = time.monotonic() + within_s
+    while alive() and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            writer = (await asyncio.open_connection(host, port))[1]
+            writer.close()
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 def run_worker(args: argparse.Namespace, index: int, folder: Path, port: socket.socket) -> None:
@@ -161,8 +151,7 @@ class Supervisor:
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop)
-        problem = port_is_free(self.args.host, self.args.port)
-        if problem is not None:
+        if (problem := port_is_free(self.args.host, self.args.port)) is not None:
             print(f"Cannot listen on {self.args.host}:{self.args.port} ({problem}); pick another --port.", file=sys.stderr)
             return 2
         engines = self.owner.registry
@@ -193,17 +182,14 @@ class Supervisor:
 
     async def open_front_door(self) -> bool:
         self.front.start(self.caddy)
-        deadline = time.monotonic() + FRONT_DOOR_START_S
-        while time.monotonic() < deadline:  # Caddy says nothing when it listens: ask its port
-            if not self.front.alive:
-                code = self.front.process.returncode if self.front.process else None
-                print(f"The front door (Caddy) could not start on {self.args.host}:{self.args.port} (exit code {code}; "
-                      "its message is above); pick another --port, or start with --ui-workers 1.", file=sys.stderr)
-                return False
-            if await _listening(self.args.host if self.args.host not in ("0.0.0.0", "::") else "127.0.0.1", self.args.port):
-                return True
-            await asyncio.sleep(0.1)
-        return self.front.alive
+        host = "127.0.0.1" if self.args.host in ("0.0.0.0", "::") else self.args.host
+        # Caddy says nothing when it listens: ask its port.
+        if await listening(host, self.args.port, lambda: self.front.alive, FRONT_DOOR_START_S) or self.front.alive:
+            return True
+        code = self.front.process.returncode if self.front.process else None
+        print(f"The front door (Caddy) could not start on {self.args.host}:{self.args.port} (exit code {code}; "
+              "its message is above); pick another --port, or start with --ui-workers 1.", file=sys.stderr)
+        return False
 
     async def keep_front_door(self) -> None:
         """Start the front door again whenever it stops (a thread waits for its process)."""
@@ -226,14 +212,22 @@ class Supervisor:
 
     def worker_ended(self, worker: WorkerProcess, process: BaseProcess) -> None:
         """A worker's process ended: its port refuses at once, and another starts on it."""
+        from prometheus_client import multiprocess
+
         from chat import metrics
         from chat.control import WorkerState
 
         asyncio.get_running_loop().remove_reader(process.sentinel)
         if self.ending:
             return
-        _metrics_of_dead_process(process.pid)
-        stop_listening(worker.bound)
+        if process.pid is not None:  # its gauges no longer count in the whole app's sums
+            multiprocess.mark_process_dead(process.pid)
+        # Refuse connections (the front door then tries another worker at once), but stay bound until
+        # the replacement listens: the worker listened with SO_REUSEADDR (chat/ui/gradio_internals.py,
+        # serve_on); without it again, the bound socket keeps every other program off the port meanwhile.
+        with contextlib.suppress(OSError):  # not listening
+            worker.bound.shutdown(socket.SHUT_RD)
+        worker.bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
         log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
         worker.state = WorkerState.RESTARTING
         metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
@@ -246,18 +240,17 @@ class Supervisor:
         from chat.control import WorkerState
 
         process = worker.process
-        while process is worker.process and process is not None and process.is_alive():
-            if await _listening("127.0.0.1", worker.port):
-                worker.state = WorkerState.SERVING
-                metrics.UI_WORKER_UP.labels(str(worker.index)).set(1)
-                log.info("UI worker %d serving (process %s)", worker.index, process.pid)
-                self.owner.news()
-                if not self.announced and self.first is not None and self.first.ready_at is not None and all(
-                        w.state is WorkerState.SERVING for w in self.workers):
-                    print(logs.ready_line(self.default.name, self.url), flush=True)
-                    self.announced = True
-                return
-            await asyncio.sleep(0.1)
+        if process is None or not await listening("127.0.0.1", worker.port,
+                                                  lambda: process is worker.process and process.is_alive()):
+            return
+        worker.state = WorkerState.SERVING
+        metrics.UI_WORKER_UP.labels(str(worker.index)).set(1)
+        log.info("UI worker %d serving (process %s)", worker.index, process.pid)
+        self.owner.news()
+        if not self.announced and self.first is not None and self.first.ready_at is not None and all(
+                w.state is WorkerState.SERVING for w in self.workers):
+            print(logs.ready_line(self.default.name, self.url), flush=True)
+            self.announced = True
 
     def stop_workers(self) -> None:
         from chat.control import WorkerState
@@ -275,31 +268,6 @@ class Supervisor:
                 process.join()
 
 
-async def _listening(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    return True
-
-
-def _metrics_of_dead_process(pid: int | None) -> None:
-    """Its gauges no longer count in the whole app's sums (prometheus_client's multiprocess mode)."""
-    from prometheus_client import multiprocess
-
-    if pid is not None:
-        multiprocess.mark_process_dead(pid)
-
-
-def _more_open_files() -> None:
-    """Every process may hold as many connections as the machine lets it (a visitor's page holds two)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> int:
     """Serve every preset with `count` UI workers behind Caddy; the exit status."""
     from chat.engine_vllm import UntestedVllm, check_version
@@ -311,11 +279,10 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
         return 2
     try:
         check_version(args.allow_untested_vllm)  # here once: the UI workers do not check again
+        catalog.get(args.preset)
     except UntestedVllm as exc:
         print(exc, file=sys.stderr)
         return 2
-    try:
-        catalog.get(args.preset)
     except PresetError as exc:
         print(f"{exc.message} Pick another with --preset; --list-presets shows them.", file=sys.stderr)
         return 2
@@ -324,12 +291,15 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
     if args.share:
         log.warning("--share makes no public link with several UI workers (Gradio's link reaches one process); "
                     "publish the front door's port yourself, or use --ui-workers 1.")
-    folder = private_folder()
+    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
+    os.chmod(folder, 0o700)  # only this user: the owner's socket and the engine cores' sockets
     # Before anything imports prometheus_client, in this process and the ones it starts.
-    metrics_dir = folder / "metrics"
-    metrics_dir.mkdir()
+    (metrics_dir := folder / "metrics").mkdir()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    _more_open_files()
+    # Every process may hold as many connections as the machine lets it (a visitor's page holds two).
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         return asyncio.run(Supervisor(args, catalog, count, caddy, folder).run())
     except Exception as exc:

@@ -184,12 +184,13 @@ class Line:
             try:
                 message = MESSAGE.validate_json(data)
             except ValidationError as exc:
-                log.warning("A message on the owner's line cannot be read: %s", exc.errors()[:1])
+                log.warning("A message between the engine owner and a UI worker cannot be read: %s", exc.errors()[:1])
                 continue
-            if isinstance(message, (Progress, Answer)) and message.id in self._asked:
-                self._asked[message.id][1].put_nowait(message)
+            sender, asked = (peer[0] if peer else b""), self._asked.get(getattr(message, "id", 0))
+            if isinstance(message, (Progress, Answer)) and asked is not None and asked[0] == sender:
+                asked[1].put_nowait(message)
             else:
-                yield (peer[0] if peer else b""), message
+                yield sender, message
 
     async def ask(self, question: Acquire | Capacity | EngineNews, peer: bytes = b"",
                   progress: Callable[[Progress], None] = lambda _: None) -> Answer:

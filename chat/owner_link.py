@@ -5,7 +5,8 @@
 owner, shows the owner's progress to its readers, and joins the engine's shared core on the slot it
 is given (chat/engine_core.py). It tells the owner what only this worker knows (its streams, the
 scheduler views its clients saw, its times to first token) when that changes, and shows what the
-owner sends back: every engine as the whole app sees it. An engine the owner wants to take away and
+owner sends back: every engine as the whole app sees it. It is also the worker's way to the app's
+counts (`AppTallies`). An engine the owner wants to take away and
 that is idle here is held (new requests for it wait) until the owner says what became of it.
 Without its owner, in its parent process, a worker stops (chat/lifeline.py).
 """
@@ -165,3 +166,22 @@ class OwnerLink(Sharing):
     async def stop_capacity_elsewhere(self) -> None:
         assert self.line is not None
         await self.line.send(control.Capacity(act="stop"))
+
+    # --- the app's counts, kept by the owner (chat/tallies.py `AppTallies`) ----------------------
+
+    async def hold(self, key: str, limit: int) -> int | None:
+        return (await self._tally(control.Tally(act="hold", key=key, limit=limit))).count
+
+    def release(self, key: str) -> None:
+        assert self.line is not None
+        control.background(self.line.send(control.Tally(act="release", key=key)))
+
+    async def add(self, key: str, window_s: float) -> int:
+        return (await self._tally(control.Tally(act="add", key=key, window_s=window_s))).count or 0
+
+    async def recent(self, key: str, window_s: float) -> int:
+        return (await self._tally(control.Tally(act="recent", key=key, window_s=window_s))).count or 0
+
+    async def _tally(self, tally: control.Tally) -> control.Answer:
+        assert self.line is not None
+        return await self.line.ask(tally)

@@ -241,6 +241,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
     from chat.pacing import RedrawPacer
     from chat.registry import EngineRegistry
     from chat.service import Admission, ChatService
+    from chat.tallies import InProcess
     from chat.ui import build_ui
     from chat.ui.gradio_internals import UntestedGradio, login_token
     from chat.votes import VoteStore
@@ -250,8 +251,12 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
             check_version(args.allow_untested_vllm)
         except UntestedVllm as exc:
             raise Refused(str(exc)) from exc
+    # A UI worker's line to the engine owner, which also keeps the app's counts (chat/tallies.py).
+    link = OwnerLink(worker.folder, worker.index) if worker is not None else None
+    tallies = link or InProcess()
     try:
-        login = Login.parse(args.auth, signed_in_on_page=lambda connection: login_token(connection) is not None)
+        login = Login.parse(args.auth, signed_in_on_page=lambda connection: login_token(connection) is not None,
+                            tallies=tallies)
         admins = Admins.parse(args.admins, local=args.admin_local, login=login)
     except ValueError as exc:
         raise Refused(str(exc)) from exc
@@ -261,13 +266,12 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
         raise Refused(exc.message) from exc
     try:
         default = catalog.get(args.preset)
-        link = OwnerLink(worker.folder, worker.index) if worker is not None else None
         registry = (EngineRegistry(max_waiting=args.max_waiting, sharing=link) if link is not None else
                     EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
         admission = Admission(args.concurrency_limit, args.max_waiting) if args.concurrency_limit > 0 else None
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission,
-                              per_visitor=max(args.replies_per_visitor, 0))
+                              per_visitor=max(args.replies_per_visitor, 0), tallies=tallies)
         service.preset(None)
     except PresetError as exc:
         raise Refused(f"{exc.message} Pick another with --preset; --list-presets shows them.") from exc

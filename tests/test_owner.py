@@ -110,6 +110,26 @@ async def test_one_capacity_test_at_a_time_across_workers(owner_and_workers):
     await second.link.take_capacity(["A"], 60, "bob")
 
 
+async def test_a_visitors_share_and_failed_sign_ins_are_counted_for_the_whole_app(owner_and_workers):
+    """Both workers' replies count against one share, and sign-ins against one limit (chat/tallies.py,
+    kept by the owner); what a worker held is given back when it goes."""
+    from chat.auth import FailedLogins
+
+    owner, _, (first, second) = owner_and_workers
+    assert [await first.link.hold("replies:v", 3), await second.link.hold("replies:v", 3),
+            await first.link.hold("replies:v", 3)] == [0, 1, 2]
+    assert await second.link.hold("replies:v", 3) is None  # the share is the app's, not one worker's
+    second.link.release("replies:v")
+    assert await eventually(lambda: owner.tallies.held("replies:v") == 2, 5)
+    logins = [FailedLogins(w.link, users=frozenset({"demo"}), per_address=4) for w in (first, second)]
+    for n in range(4):
+        assert await logins[0].refusal("203.0.113.9") is None
+        await logins[n % 2].failed("203.0.113.9", "demo")
+    assert await logins[0].refusal("203.0.113.9") is not None and await logins[1].refusal("203.0.113.9") is not None
+    owner.forget(0)  # the first worker's process ended: its two are given back
+    assert owner.tallies.held("replies:v") == 0
+
+
 class GatedSleep(SleepyLLM):
     """Sleep that takes as long as the test says."""
 

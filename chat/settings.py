@@ -60,8 +60,9 @@ SETTINGS: tuple[Setting, ...] = (
             "beyond it new ones are refused at once with a busy message.",
             int),
     Setting("replies_per_visitor", ("CHAT_REPLIES_PER_VISITOR",), 16,
-            "Replies one visitor (their voter cookie, else their address) may have written or waiting at once on a UI "
-            "worker, from every tab and API together; beyond it they are asked to wait for one. 0 means no cap.", int),
+            "Replies one visitor (their voter cookie, else their address, IPv6 by its /64) may have written or waiting "
+            "at once, from every tab, API and UI worker together; beyond it they are asked to wait for one. 0 means no "
+            "cap.", int),
     Setting("flush_ms", ("CHAT_FLUSH_MS",), round(FLUSH_S * 1000),
             "Most often a streaming reply is redrawn, in milliseconds (the first token is always shown at once); "
             "0 redraws on every token.", int),

@@ -257,10 +257,17 @@ def test_item_4_block_functions():
     with gr.Blocks() as demo:
         box = gr.Textbox()
         box.submit(lambda text: text, [box], [box])
+        @gr.render(inputs=[box], triggers=[box.change])
+        def made(text):
+            gr.Markdown(text)
+
     block_fn = demo.fns[0]
-    for name in ("inputs", "component_prop_inputs", "fn"):
+    for name in ("inputs", "component_prop_inputs", "fn", "renderable"):
         gradio_has(f"BlockFunction.{name}", hasattr(block_fn, name), "an attribute of an event's BlockFunction")
     gradio_has("BlockFunction.inputs", block_fn.inputs == [box], "the event's input components")
+    gradio_has("BlockFunction.renderable", block_fn.renderable is None
+               and [f.renderable.fn for f in demo.fns.values() if f.renderable is not None] == [made],
+               "set (to the gr.render) on a render's own event only")
 
 
 def test_item_5_the_event_lookup(page):

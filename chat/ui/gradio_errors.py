@@ -6,6 +6,7 @@ break inside Gradio's own event functions. Tested with the Gradio versions gradi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -219,6 +220,7 @@ async def _send_json(send: Any, status: int, detail: str) -> None:
 
 
 _THIS_APP = str(Path(__file__).resolve().parents[1])  # the chat package
+_RENDERS = asyncio.Lock()  # gr.render events run one at a time (`_with_plain_gradio_errors`)
 
 
 def raised_in_this_app(exc: BaseException) -> bool:
@@ -243,7 +245,16 @@ def _with_plain_gradio_errors(step: Callable[..., Any], what: str) -> Callable[.
 
     async def plain(self: Any, block_fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            result = await step(self, block_fn, *args, **kwargs)
+            if what == "inputs" and getattr(block_fn, "renderable", None) is not None:
+                # A gr.render's own event (the lazy tabs' making, chat/ui/lazy.py) one at a time in
+                # this process, as its concurrency_limit asks: Gradio's direct route (run/predict)
+                # skips the queue that enforces it, and two renders of one session at once change
+                # the session's dict of blocks under each other ("dictionary changed size during
+                # iteration": a traceback and a 500 for a stranger's concurrent calls).
+                async with _RENDERS:
+                    result = await step(self, block_fn, *args, **kwargs)
+            else:
+                result = await step(self, block_fn, *args, **kwargs)
             if what == "outputs" and not _written_here(block_fn) and not _sendable(result):
                 # e.g. ChatInterface's _save_conversation writing an int key into a dict a caller sent
                 # as the saved chats: Gradio's event stream would fail on it (its JSON needs str keys).

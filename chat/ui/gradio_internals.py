@@ -55,7 +55,10 @@ name below still has the shape used, and fails naming it and the Gradio version.
    chat messages in the wrong shape) is answered with one sentence (`BAD_INPUTS`) instead of the
    traceback Gradio writes to the log for it; so are a caller's inputs that break Gradio's own event
    functions (`Blocks.preprocess_data`, `call_function`, `postprocess_data` are wrapped; they read
-   a `BlockFunction`'s `inputs`, `component_prop_inputs` and `fn`).
+   a `BlockFunction`'s `inputs`, `component_prop_inputs` and `fn`). And a `gr.render`'s own event
+   (a `BlockFunction` whose `renderable` is set) runs one at a time, also through Gradio's direct
+   route, which skips the queue's concurrency limit: two of one session at once broke Gradio's
+   making of blocks with a traceback.
 
 5. A request naming an event that is not there (an unknown `fn_index` or API name) gets a 404 and a
    sentence instead of a 500 and a traceback (`route_utils.get_fn`, `FnIndexInferError`), and so

@@ -337,11 +337,10 @@ class Engine:
 
     @property
     def died(self) -> bool:
-        """The engine's process stopped while it was READY (found by the registry's watch)."""
-        if self.state is not EngineState.READY or self.llm is None:
-            return False
-        # A client of a core that was killed outright is not told; the core's owner sees its processes.
-        return bool(self.llm.errored) or (self.core is not None and not self.core.alive)
+        """The engine's process stopped while it was READY (found by the registry's watch, which only a
+        process serving alone runs: a UI worker's engines are clients of the owner's cores, which the
+        owner watches itself, and such a client is never told)."""
+        return self.state is EngineState.READY and self.llm is not None and bool(self.llm.errored)
 
     async def sleep(self) -> None:
         """CUDA sleep mode: weights to CPU memory, KV cache dropped."""

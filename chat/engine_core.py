@@ -134,10 +134,6 @@ class SharedCore:
         """Descriptors that become readable when one of the core's processes ends (multiprocessing's)."""
         return [p.sentinel for p in getattr(self.manager, "processes", [])]
 
-    @property
-    def alive(self) -> bool:
-        return self.manager is None or all(p.is_alive() for p in getattr(self.manager, "processes", []))
-
     def shutdown(self) -> None:
         """Blocking: stop the core's processes (within CORE_STOP_S: its teardown waits up to 4 s, ZMQ's
         linger, to tell each slot that it stops, and a gone or spare client never takes it) and remove its sockets."""

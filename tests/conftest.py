@@ -207,6 +207,19 @@ class RunningApp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def public_address() -> str:
+    """This machine's address on its outgoing interface (not loopback), as another machine reaches it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        return s.getsockname()[0]
+
+
+def stranger_url(app: RunningApp) -> str:
+    """The app (listening on every interface) as a visitor from another machine reaches it: this
+    machine's non-loopback address, which its requests also come from."""
+    return f"http://{public_address()}:{app.url.rstrip('/').rsplit(':', 1)[1]}/"
+
+
 def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_in: bool = False,
                new_session: bool = False) -> RunningApp:
     """app.py on a free port (on the stand-in engine, tests/stand_in.py, with `stand_in`; in a session

@@ -11,6 +11,7 @@ Each answer must be a clean 4xx with a short body, or a 200 whose errors are sen
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import signal
@@ -29,7 +30,17 @@ from bench.gradio_stream import IDLE_CONNECTION_S
 from chat.client import websocket_url
 from chat.history import text_of
 from chat.stats import SUMMARY
-from tests.conftest import PROBLEM_LINE, USER, RunningApp, app_for, app_recipe, launch_app, still_running, stop_app
+from tests.conftest import (
+    PROBLEM_LINE,
+    USER,
+    RunningApp,
+    app_for,
+    app_recipe,
+    launch_app,
+    still_running,
+    stop_app,
+    stranger_url,
+)
 
 pytestmark = pytest.mark.app
 
@@ -83,10 +94,12 @@ def event_problem(message: dict[str, Any]) -> str | None:
 
 @app_recipe("workers", scope="module")
 def launch_two_workers(folder: Path) -> RunningApp:
-    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them, in a session of
-    their own as in a terminal: the module's last test stops them with a signal to their whole group."""
+    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them, on every
+    interface (the sweeps come from this machine's non-loopback address, as a stranger's would), in a
+    session of their own as in a terminal: the module's last test stops them with a signal to their
+    whole group."""
     return launch_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(folder / "votes.sqlite3"),
-                      new_session=True)
+                      "--host", "0.0.0.0", new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +115,13 @@ def workers(request) -> Iterator[RunningApp]:
                                                    marks=[pytest.mark.real_engine, pytest.mark.uses_app("workers")])])
 def app(request, app_server) -> Iterator[RunningApp]:
     """The app under attack: the shared app (on the stand-in engine, so `scripts/test --dev` runs the
-    sweeps too), or two UI workers on the real engine (`uses_app` has that app launched ahead).
+    sweeps too), or two UI workers on the real engine behind Caddy, reached from this machine's
+    non-loopback address (`uses_app` has that app launched ahead).
     `app_server` is named so that conftest's `nothing_left_behind` checks its log after each test;
     for both apps the log is also checked here, and the app must still chat."""
-    target = app_server if request.param == "one worker" else request.getfixturevalue("workers")
+    # Two workers: from this machine's non-loopback address, as a stranger on another machine.
+    target = app_server if request.param == "one worker" else dataclasses.replace(
+        request.getfixturevalue("workers"), url=stranger_url(request.getfixturevalue("workers")))
     start = target.log_path.stat().st_size
     yield target
     assert still_chats(target), "a normal /chat call failed after the sweep"

@@ -42,10 +42,12 @@ from tests.conftest import (
     app_for,
     app_recipe,
     launch_app,
+    public_address,
     replies_started,
     small_preset,
     still_running,
     stop_app,
+    stranger_url,
 )
 from tests.pages import wait_drawn
 from tests.test_browser import send, watch_reply
@@ -286,12 +288,6 @@ def answer_complete(received: bytes) -> bool:
     return bool(separator and length and len(body) >= int(length[1]))
 
 
-def public_address() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
-        return s.getsockname()[0]
-
-
 def test_a_stranger_cannot_pass_as_this_machine_through_a_smuggled_connection(workers_app):
     port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
     stranger = public_address()
@@ -386,11 +382,6 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
 
 
 # --- one visitor, one voice --------------------------------------------------------------------
-
-
-def stranger_url(app: RunningApp) -> str:
-    """The app as a visitor from another machine reaches it (this machine's non-loopback address)."""
-    return f"http://{public_address()}:{app.url.rstrip('/').rsplit(':', 1)[1]}/"
 
 
 def fresh_voter_cookie(url: str) -> str:

@@ -15,7 +15,7 @@ loopback network by default), so the app tells them apart as it would two people
     python -m bench.fair_share --sockets 40 --per-socket 8 --probes 10   # starts the app itself
     python -m bench.fair_share --url http://127.0.0.1:7860/               # or measures a running one
 
-The report names the CPU, the share, how many of the stranger's replies were refused (and with which
+The report names the machine (its CPU, cores, memory), the share, how many of the stranger's replies were refused (and with which
 code), how many ran, and each probe's first token in ms and as a multiple of the unloaded median.
 """
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import ROOT, Server, base_env, free_port, python
+from bench.run import machine
 
 SHORT = "Say hello in one short sentence."
 LONG = "Tell me a very long story about a lighthouse keeper, with many chapters."
@@ -135,13 +136,6 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running app (default: start one)")
@@ -172,7 +166,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}/"
         server.wait_http(url + "healthz", timeout=900)
     try:
-        report = {"cpu": cpu_name(), "ui_workers": args.ui_workers, "per_visitor": args.per_visitor or "default",
+        report = {"machine": machine(), "ui_workers": args.ui_workers, "per_visitor": args.per_visitor or "default",
                   "sockets": args.sockets, "per_socket": args.per_socket, "long_tokens": args.long_tokens,
                   "short_tokens": args.short_tokens, **asyncio.run(measure(args, url))}
     finally:

@@ -45,8 +45,7 @@ class Stranger:
     refused: dict[str, int] = field(default_factory=dict)  # error code -> count
     flowing: int = 0  # replies that sent text
     deltas: int = 0
-    flows: asyncio.Event = field(default_factory=asyncio.Event)  # set once `enough` replies send text
-    enough: int = 4
+    flows: asyncio.Event = field(default_factory=asyncio.Event)  # set once a reply sends text
 
 
 async def connect(url: str, source: str) -> Any:
@@ -94,8 +93,7 @@ async def one_socket(url: str, source: str, per_socket: int, long_tokens: int, s
                     if event["id"] not in flowing:
                         flowing.add(event["id"])
                         stranger.flowing += 1
-                        if stranger.flowing >= stranger.enough:
-                            stranger.flows.set()
+                        stranger.flows.set()
                 elif event.get("type") == "error":
                     code = str(event.get("code"))
                     stranger.refused[code] = stranger.refused.get(code, 0) + 1
@@ -114,11 +112,11 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     await first_token_ms(url, args.visitor, args.short_tokens)  # a warm-up, not counted
     unloaded = await probes()
-    stranger, stop = Stranger(enough=min(4, args.sockets)), asyncio.Event()
+    stranger, stop = Stranger(), asyncio.Event()
     sockets = [asyncio.create_task(one_socket(url, args.stranger, args.per_socket, args.long_tokens, stranger, stop))
                for _ in range(args.sockets)]
     await asyncio.wait_for(stranger.flows.wait(), 120)
-    await asyncio.sleep(args.settle_s)  # the stranger's replies settle into the engine's batch
+    await asyncio.sleep(args.settle_s)  # the rest of the stranger's replies join the engine's batch
     loaded = await probes()
     running_at_end = stranger.flowing
     stop.set()

@@ -270,6 +270,30 @@ def test_item_4_block_functions():
                "set (to the gr.render) on a render's own event only")
 
 
+async def test_item_4_a_renders_own_events_run_one_at_a_time_and_others_do_not_wait():
+    """Gradio's direct route skips the queue and so a render's concurrency limit: two makings of one
+    session's blocks at once broke Gradio ("dictionary changed size during iteration")."""
+    from chat.ui.gradio_errors import _with_plain_gradio_errors
+
+    running, most = 0, 0
+
+    async def step(self: Any, block_fn: Any, *args: Any) -> str:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return "made"
+
+    call = _with_plain_gradio_errors(step, "inputs")
+    render, event = types.SimpleNamespace(renderable=object()), types.SimpleNamespace(renderable=None)
+    assert await asyncio.gather(*(call(None, render) for _ in range(4))) == ["made"] * 4
+    assert most == 1, "a render's events overlapped"
+    most = 0
+    await asyncio.gather(*(call(None, event) for _ in range(4)))
+    assert most == 4, "other events waited for each other"
+
+
 def test_item_5_the_event_lookup(page):
     from gradio import queueing, route_utils, routes
 

@@ -27,11 +27,10 @@ def build_when_opened(tab: gr.Tab, build: Callable[[], object]) -> None:
     once per page. The selecting event is queued because Gradio runs a state's change only then."""
     opened = gr.State(False)
 
-    # One tab is made at a time: Gradio makes a tab's contents in a worker thread while it walks the
-    # page's events on the event loop, and two tabs of one page made at once changed that dict under
-    # it ("dictionary changed size during iteration"). Each takes a moment, once per page.
-    @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden",  # type: ignore[untyped-decorator]
-               concurrency_limit=1, concurrency_id="lazy tabs")
+    # One tab is made at a time (two of one page at once broke Gradio: "dictionary changed size during
+    # iteration"): the adapter runs every render's event alone, on the queue and on Gradio's direct
+    # route alike (chat/ui/gradio_internals.py, item 4). Each takes a moment, once per page.
+    @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden")  # type: ignore[untyped-decorator]
     def contents(is_open: bool) -> None:
         if is_open:
             build()

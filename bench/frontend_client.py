@@ -27,7 +27,7 @@ import httpx
 from bench.gradio_browser import Tab, Watch
 from bench.gradio_page import Page, load_page, message_text
 from bench.gradio_stream import http_client
-from bench.start_line import start_line, wait_at
+from bench.start_line import START_S, start_line, wait_at
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
 
@@ -203,25 +203,30 @@ async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], conc
         return out
 
 
-async def _open(url: str, protocol: str, work: list[tuple[int, Request]], t0: float, rate: float,
-                ws: dict[str, Any]) -> list[Turn]:
-    """Open loop: turn i starts at t0 + i / rate, whatever the server's state (arrivals, not readers)."""
+async def _open(url: str, protocol: str, work: list[tuple[int, Request]], rate: float,
+                ws: dict[str, Any], line: Any = None) -> list[Turn]:
+    """Open loop: turn i starts at t0 + i / rate, whatever the server's state (arrivals, not readers).
+    t0 is set once every client process is ready (its imports and the page's config loaded): one that
+    started late would otherwise send all the turns it is behind on at once, a burst the raw engine's
+    client never sends (it bunched a rate's first 11-37 arrivals into 20 ms on the H200, 2026-12-06)."""
     async with http_client(len(work)) as http:
         page = await load_page(http, url) if protocol != "ws" else None
+        await wait_at(line)
+        t0 = time.monotonic() + START_S
 
         async def arrive(index: int, request: Request) -> Turn:
             await asyncio.sleep(max(0.0, t0 + index / rate - time.monotonic()))
-            return await _timed(_take(http, url, page, protocol, index, request, ws), index)
+            turn = await _timed(_take(http, url, page, protocol, index, request, ws), index)
+            turn.marks["due"] = t0 + index / rate
+            return turn
 
         return list(await asyncio.gather(*(arrive(i, r) for i, r in work)))
 
 
 def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
-           ws: dict[str, Any], t0: float | None = None, rate: float | None = None,
-           line: Any = None) -> list[dict[str, Any]]:
+           ws: dict[str, Any], rate: float | None = None, line: Any = None) -> list[dict[str, Any]]:
     if rate:
-        assert t0 is not None
-        return [asdict(t) for t in asyncio.run(_open(url, protocol, work, t0, rate, ws))]
+        return [asdict(t) for t in asyncio.run(_open(url, protocol, work, rate, ws, line))]
     return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws, line))]
 
 
@@ -233,13 +238,11 @@ def take_turns(url: str, protocol: str, requests: list[Request], *, concurrency:
     work = list(enumerate(requests))
     procs = max(1, min(procs, len(work) if rate else concurrency, len(work)))
     if procs == 1:
-        turns = _shard(url, protocol, work, concurrency, ws or {}, time.monotonic() + 0.2, rate)
+        turns = _shard(url, protocol, work, concurrency, ws or {}, rate)
     else:
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
-        t0 = time.monotonic() + 2.0  # time for the client processes to start (one clock for all: CLOCK_MONOTONIC)
-        with start_line(0 if rate else procs) as line, \
-                ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}, t0, rate, line)
+        with start_line(procs) as line, ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, protocol, work[i::procs], readers[i], ws or {}, rate, line)
                        for i in range(procs)]
             turns = [t for f in futures for t in f.result()]
     return sorted((Turn(**{**t, "updates": [tuple(u) for u in t["updates"]]}) for t in turns), key=lambda t: t.index)

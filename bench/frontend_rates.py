@@ -157,6 +157,8 @@ def page_replies(turns: list[Turn], first: int, moments: list[dict[str, Any]], s
     out = {"errors": len(turns) - len(ok),
            "ttft": summary([r["ttft"] for r in ok]),
            "stages": {name: summary([r[name] for r in ok if r.get(name) is not None]) for name, _ in STAGES},
+           # how late the client started each arrival (a late client sends a burst: bench/frontend_client.py `_open`)
+           "late_ms": summary([r["late"] for r in rows if r.get("late") is not None]),
            "page_ms": summary([r["page"] for r in rows if r.get("page") is not None]),
            "mount_ms": summary([r["mount"] for r in rows if r.get("mount") is not None]),
            "stalls": {"count": len(stalls), "ms": round(sum(s["ms"] for s in stalls)),
@@ -192,7 +194,7 @@ def timeline(turn: Turn, first: int, moments: list[dict[str, Any]], sources: dic
     shown = next((t for t, n in turn.updates if n > 0), None)
     marks = turn.marks
     return {"index": turn.index, "ttft": ms(shown, sent) if not turn.error else None, "error": turn.error,
-            "page": ms(marks.get("page_loaded"), marks.get("arrived")), "mount": ms(sent, marks.get("page_loaded")),
+            "late": ms(marks.get("arrived", sent), marks.get("due")), "page": ms(marks.get("page_loaded"), marks.get("arrived")), "mount": ms(sent, marks.get("page_loaded")),
             "begin": ms(begin, sent), "turn": ms(turn.process_started, sent), "core": ms(source.get("added"), sent),
             "token": ms(source.get("first_token"), sent), "taken": ms(source.get("first_handed"), sent),
             "sent": ms(delta, sent), "delta": ms(marks.get("first_delta"), sent), "box": ms(marks.get("box"), sent),
@@ -208,6 +210,7 @@ def print_run(r: dict[str, Any]) -> None:
         line += (f"  | p99 begin {s['begin']['p99']:.0f} core {s['core']['p99']:.0f} token {s['token']['p99']:.0f} "
                  f"taken {s['taken']['p99']:.0f} sent {s['sent']['p99']:.0f} delta {s['delta']['p99']:.0f} "
                  f"box {s['box']['p99']:.0f} turn {s['turn']['p99']:.0f}  page p99 {r['page_ms']['p99']:.0f} ms  "
+                 f"arrivals late p99 {r['late_ms']['p99']:.0f} ms  "
                  f"app {r['app_cores']:.2f} cores, client {r['client_cores']:.2f}, others {r['others_cores']:.2f}  "
                  f"stalls {r['stalls']['count']} ({r['stalls']['ms']} ms, max {r['stalls']['max_ms']:.0f}; "
                  f"meanwhile loop CPU {r['stalls']['loop_cpu_ms']} ms, other threads {r['stalls']['other_threads_ms']} ms)  "

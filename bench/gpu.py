@@ -355,7 +355,7 @@ class Measurements:
 
             time.sleep(0.5)
             page = page_replies(turns, first, read_moments(target.notes.get("timeline"), logs), {}, t0, t1, slow=20)
-            record["page"] = {k: page[k] for k in ("stages", "page_ms", "mount_ms", "stalls", "gc", "slow")}
+            record["page"] = {k: page[k] for k in ("stages", "late_ms", "page_ms", "mount_ms", "stalls", "gc", "slow")}
             record["stalls"] = page["stalls"]
         self.log.result["rates"].append(record)
         self.report(record, f"rate {rate:4.1f}/s")
@@ -365,7 +365,8 @@ class Measurements:
             stages = record["page"]["stages"]
             self.log.event("  p99 ms after Enter: " + ", ".join(f"{k} {v['p99']:.0f}" for k, v in stages.items() if v["n"])
                            + f"; readers at once: mean {record['readers']['mean']}, max {record['readers']['max']}; "
-                           f"loop stalls > 20 ms: {record['stalls']['count']} ({record['stalls']['ms']} ms)")
+                           f"loop stalls > 20 ms: {record['stalls']['count']} ({record['stalls']['ms']} ms); "
+                           f"arrivals started late: p99 {record['page']['late_ms']['p99']:.0f} ms")
             print_slow({"rate": rate, **record["page"]})
         self.log.save()
         return record

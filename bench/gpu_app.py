@@ -37,6 +37,7 @@ def record_moments() -> None:
 
 
 if __name__ == "__main__":
+    os.environ["BENCH_APP_ROOT"] = str(APP_ROOT)  # absolute: the processes the app spawns start in APP_ROOT
     sys.path[0] = str(APP_ROOT)  # instead of bench/: `import app`, `chat` and the rest from the app's checkout
     os.chdir(APP_ROOT)
     record_moments()

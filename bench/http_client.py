@@ -19,7 +19,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from bench.gradio_stream import GradioChat, http_client
-from bench.start_line import start_line, wait_at
+from bench.start_line import START_S, start_line, wait_at
 
 
 @dataclass
@@ -92,11 +92,14 @@ async def _closed(url: str, payloads: list[tuple[int, Any]], concurrency: int, p
         return out
 
 
-async def _open(url: str, payloads: list[tuple[int, Any]], t0: float, rate: float, protocol: str) -> list[Reply]:
+async def _open(url: str, payloads: list[tuple[int, Any]], rate: float, protocol: str, line: Any = None) -> list[Reply]:
+    """Open loop, from once every client process is ready (bench/frontend_client.py `_open` says why)."""
     async with http_client(len(payloads)) as http:
         if protocol == "gradio":
             client = GradioChat(http, url)
             await client.fn_index()
+        await wait_at(line)
+        t0 = time.monotonic() + START_S
         tasks = []
         for index, data in payloads:
             await asyncio.sleep(max(0.0, t0 + index / rate - time.monotonic()))
@@ -105,10 +108,10 @@ async def _open(url: str, payloads: list[tuple[int, Any]], t0: float, rate: floa
         return list(await asyncio.gather(*tasks))
 
 
-def _shard(url: str, payloads: list[tuple[int, Any]], concurrency: int, t0: float | None,
+def _shard(url: str, payloads: list[tuple[int, Any]], concurrency: int,
            rate: float | None, protocol: str = "gradio", line: Any = None) -> list[Reply]:
     if rate:
-        return asyncio.run(_open(url, payloads, t0 or time.monotonic(), rate, protocol))
+        return asyncio.run(_open(url, payloads, rate, protocol, line))
     return asyncio.run(_closed(url, payloads, concurrency, protocol, line))
 
 
@@ -120,14 +123,12 @@ def send_all(url: str, payloads: list[Any], *, concurrency: int = 1, rate: float
     indexed = list(enumerate(payloads))
     procs = max(1, min(procs, concurrency if not rate else len(payloads), len(payloads)))
     if procs == 1:
-        replies = _shard(url, indexed, concurrency, time.monotonic() + 0.2 if rate else None, rate, protocol)
+        replies = _shard(url, indexed, concurrency, rate, protocol)
     else:
-        t0 = time.monotonic() + 2.0 if rate else None  # time for the client processes to start
         shares = [indexed[i::procs] for i in range(procs)]
         readers = [len(range(i, concurrency, procs)) for i in range(procs)]
-        with start_line(0 if rate else procs) as line, \
-                ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_shard, url, share, n, t0, rate, protocol, line)
+        with start_line(procs) as line, ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_shard, url, share, n, rate, protocol, line)
                        for share, n in zip(shares, readers, strict=True)]
             replies = [r for f in futures for r in f.result()]
     return sorted(replies, key=lambda r: r.index)

@@ -11,6 +11,7 @@ from multiprocessing import get_context
 from typing import Any
 
 READY_TIMEOUT_S = 300.0  # a client process that is not ready by then breaks the run, not hangs it
+START_S = 0.1  # at steady rates: from every client process being at the line to the first arrival
 
 
 @contextmanager

@@ -212,3 +212,26 @@ def test_compare_columns_stream_formatted_text_too(page):
     samples = page.evaluate(SAMPLES)
     check_samples(samples)
     assert sum(s["live"] for s in samples) >= 5, "the column's text was drawn live"
+
+
+def test_a_finished_reply_whose_box_comes_back_is_drawn_whole_at_once(page):
+    """A redraw can bring back a finished reply's box after Gradio's copy replaced it (seen once in a
+    Compare column of a full run): the page fills it with the whole text in the same moment, not
+    from the first word again while it asks the server for the reply once more."""
+    box = page.locator("#message textarea")
+    box.fill(CODE_PROMPT)
+    box.press("Enter")
+    page.wait_for_function(f"[...document.querySelectorAll({REPLY_TITLE!r})].some(t => t.innerText.includes({REPLIED!r}))",
+                           timeout=120_000)
+    page.wait_for_function("!document.querySelector('#chatbot .live-reply')")  # Gradio's copy, for good
+    drawn = page.evaluate("""async () => {
+        const id = window.chatLive.latest();
+        const box = document.createElement('div');
+        box.className = 'live-reply stream-' + id;
+        document.querySelector('#chatbot').append(box);
+        await Promise.resolve();  // the page's observer of the document runs before this resumes
+        const text = box.innerText;
+        box.remove();
+        return text;
+    }""")
+    assert "def add(a, b)" in drawn and drawn.rstrip().endswith("Done."), drawn

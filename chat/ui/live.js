@@ -3,12 +3,13 @@
 // chat/live.py and chat/ui/live_script.py explain why. window.chatLive.begin starts a typed message's reply (chat/live.py),
 // latest names it for Stop; render and connected are for the browser tests.
 (() => {
-  const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean, began?: true}
+  const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean, began?: true, goneAt?: number}
   let latestBegun = ""; // the id of the reply this page started last
   let socket = null;
   let retry = 0;
   let parser = null;
   const GIVE_UP = 3; // failed connections in a row after which the page shows Gradio's copy instead
+  const FORGET_MS = 30000; // how long a finished reply's text is kept after its box has gone
 
   // --- Markdown, as Gradio's chat renders it (marked 12: GitHub-flavoured, line breaks kept) ----
 
@@ -236,8 +237,14 @@
       const reply = replies.get(streamOf(line));
       if (reply && reply.line !== undefined && line.textContent !== reply.line) line.textContent = reply.line;
     }
+    // A finished reply whose box has gone is drawn for good by Gradio; it is kept a while, because a
+    // redraw can bring its box back (a full run saw it in a Compare column), which is then filled
+    // with the whole text at once rather than followed again from its first word.
+    const now = Date.now();
     for (const [id, reply] of replies) {
-      if (reply.done && !live.has(id)) replies.delete(id); // drawn for good by Gradio
+      if (live.has(id) || !reply.done) delete reply.goneAt;
+      else if (reply.goneAt === undefined) reply.goneAt = now;
+      else if (now - reply.goneAt > FORGET_MS) replies.delete(id);
     }
   }
 

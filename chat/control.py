@@ -19,6 +19,9 @@ answers repeat. Nothing a browser sends reaches this line.
                                     <-    Capacity(stop) to the worker that runs it
     Tally(hold | release | add | recent) -> the app's counts (chat/tallies.py) -> Answer(count), but
                                           to release; what a worker held is released when it goes
+    Tally(enter)                    ->    a slot (--concurrency-limit) -> Answer(ok), or Progress
+                                          while in line then Answer(ok); not ok: the line is full
+    Tally(leave)                    ->    the slot, or the place in line, given back (no answer)
 """
 
 from __future__ import annotations
@@ -148,9 +151,11 @@ class Capacity(_Message):
 class Tally(_Message):
     op: Literal["tally"] = "tally"
     id: int = 0
-    act: Literal["hold", "release", "add", "recent"]
+    act: Literal["hold", "release", "enter", "leave", "add", "recent"]
     key: str
-    limit: int = 0  # to hold
+    limit: int = 0  # to hold and enter
+    max_waiting: int = 0  # to enter: how many may wait in line
+    ticket: str = ""  # to enter and leave: the worker's name for the slot or the place in line
     window_s: float = 0.0  # to add and recent
 
 

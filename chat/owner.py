@@ -250,6 +250,19 @@ class EngineOwner(Sharing):
         if tally.act == "release":
             self.tallies.release(tally.key, holder)
             return
+        if tally.act == "leave":
+            self.tallies.leave(tally.key, holder, tally.ticket)
+            return
+        if tally.act == "enter":
+            def admit() -> None:
+                control.background(self._send(peer, control.Answer(id=tally.id)))
+
+            place = self.tallies.enter(tally.key, tally.limit, tally.max_waiting, holder, tally.ticket, admit)
+            answer: control.Message = (control.Answer(id=tally.id, ok=False) if place is None else
+                                       control.Answer(id=tally.id) if place == 0 else
+                                       control.Progress(id=tally.id, phase="in line", elapsed=0.0, delay=0.0))
+            control.background(self._send(peer, answer))
+            return
         count = (self.tallies.hold(tally.key, tally.limit, holder) if tally.act == "hold" else
                  self.tallies.add(tally.key, tally.window_s) if tally.act == "add" else
                  self.tallies.recent(tally.key, tally.window_s))

@@ -14,6 +14,7 @@ Without its owner, in its parent process, a worker stops (chat/lifeline.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ class OwnerLink(Sharing):
         self.line: control.Line | None = None
         self._changed = asyncio.Event()
         self._sent_first_tokens = 0.0
+        self._tickets = itertools.count(1)
 
     async def open(self, registry: EngineRegistry) -> None:
         """Say hello, then listen and report (on this loop, for the process's life)."""
@@ -175,6 +177,21 @@ class OwnerLink(Sharing):
     def release(self, key: str) -> None:
         assert self.line is not None
         control.background(self.line.send(control.Tally(act="release", key=key)))
+
+    async def enter(self, key: str, limit: int, max_waiting: int, queued: Callable[[], None]) -> str | None:
+        assert self.line is not None
+        ticket = str(next(self._tickets))
+        try:
+            answer = await self.line.ask(control.Tally(act="enter", key=key, limit=limit, max_waiting=max_waiting,
+                                                       ticket=ticket), progress=lambda _: queued())
+        except BaseException:
+            self.leave(key, ticket)  # its place in line, or the slot the owner handed it meanwhile
+            raise
+        return ticket if answer.ok else None
+
+    def leave(self, key: str, ticket: str) -> None:
+        assert self.line is not None
+        control.background(self.line.send(control.Tally(act="leave", key=key, ticket=ticket)))
 
     async def add(self, key: str, window_s: float) -> int:
         return (await self._tally(control.Tally(act="add", key=key, window_s=window_s))).count or 0

@@ -269,7 +269,7 @@ def assemble(args: argparse.Namespace, catalog: PresetCatalog, worker: Worker | 
         registry = (EngineRegistry(max_waiting=args.max_waiting, sharing=link) if link is not None else
                     EngineRegistry(memory_budget=memory_budget(args), max_waiting=args.max_waiting))
         pacer = RedrawPacer(floor_s=max(args.flush_ms, 0) / 1000)
-        admission = Admission(args.concurrency_limit, args.max_waiting) if args.concurrency_limit > 0 else None
+        admission = Admission(args.concurrency_limit, args.max_waiting, tallies) if args.concurrency_limit > 0 else None
         service = ChatService(catalog, registry, default.name, has_gpu=not on_cpu(), pacer=pacer, admission=admission,
                               per_visitor=max(args.replies_per_visitor, 0), tallies=tallies)
         service.preset(None)

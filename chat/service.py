@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,14 +105,15 @@ class _Ticket:
         self.key = key or ""  # the stop key that reaches it ("": none)
         self.stopped = False
         self.reply: Reply | None = None
-        self.waiting: asyncio.Future[None] | None = None  # its place in line for a slot (`Admission`)
+        self.waiting: asyncio.Future[str | None] | None = None  # its place in line for a slot (`Admission`)
+        self.slot: str | None = None  # the slot's ticket, once it has one
 
     def stop(self) -> None:
         self.stopped = True
         if self.reply is not None:
             self.reply.stop()
-        if self.waiting is not None and not self.waiting.done():
-            self.waiting.set_exception(Stopped(STOPPED_BEFORE_START))
+        if self.waiting is not None:
+            self.waiting.cancel()
 
     def check(self) -> None:
         if self.stopped:
@@ -121,45 +121,47 @@ class _Ticket:
 
 
 class Admission:
-    """At most `limit` replies written at once, whichever front end asked (`--concurrency-limit`);
-    the others wait in order, at most `max_waiting` of them (more are refused at once)."""
+    """At most `limit` replies written at once by the whole app, whichever front end or UI worker
+    asked (`--concurrency-limit`); the others wait in order, at most `max_waiting` of them (more are
+    refused at once). The slots and the line are the app's counts (chat/tallies.py): in this process,
+    or with UI workers in the engine owner."""
 
-    def __init__(self, limit: int, max_waiting: int) -> None:
-        self.limit = limit
-        self.max_waiting = max_waiting
-        self.running = 0
-        self._line: deque[asyncio.Future[None]] = deque()
+    KEY = "replies-at-once"
 
-    @property
-    def full(self) -> bool:
-        return self.running >= self.limit
+    def __init__(self, limit: int, max_waiting: int, tallies: AppTallies) -> None:
+        self.limit, self.max_waiting, self.tallies = limit, max_waiting, tallies
 
-    async def enter(self, ticket: _Ticket) -> None:
-        """Take a slot, waiting for one in line if need be; Stop while waiting raises Stopped."""
-        if not self.full:
-            self.running += 1
-            return
-        if len(self._line) >= self.max_waiting:
-            raise EngineBusy(BUSY)
-        ticket.waiting = asyncio.get_running_loop().create_future()
-        self._line.append(ticket.waiting)
+    async def enter(self, ticket: _Ticket) -> AsyncGenerator[None, None]:
+        """Take a slot; yields once if the reply must wait in line for it. Stop while waiting raises
+        Stopped, a full line EngineBusy; closed while waiting, it gives up its place. The slot's
+        ticket is kept on `ticket` for `leave`."""
+        queued = asyncio.Event()
+        entering = asyncio.ensure_future(self.tallies.enter(self.KEY, self.limit, self.max_waiting, queued.set))
+        ticket.waiting = entering
         try:
-            await ticket.waiting  # its result: a slot handed over by `leave`
-        except BaseException:
-            with contextlib.suppress(ValueError):
-                self._line.remove(ticket.waiting)
-            if ticket.waiting.done() and not ticket.waiting.cancelled() and ticket.waiting.exception() is None:
-                self.leave()  # handed a slot just as it went
+            told = asyncio.ensure_future(queued.wait())
+            try:
+                await asyncio.wait([entering, told], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                told.cancel()
+            if not entering.done():
+                yield
+            slot = await entering
+        except asyncio.CancelledError:
+            if ticket.stopped:  # Stop cancelled its place in line
+                raise Stopped(STOPPED_BEFORE_START) from None
             raise
+        finally:
+            ticket.waiting = None
+            entering.cancel()  # still in line: out of it
+        if slot is None:
+            raise EngineBusy(BUSY)
+        ticket.slot = slot
 
-    def leave(self) -> None:
-        """Give the slot to the first in line, if anyone waits."""
-        while self._line:
-            waiter = self._line.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.running -= 1
+    def leave(self, ticket: _Ticket) -> None:
+        if ticket.slot is not None:
+            self.tallies.leave(self.KEY, ticket.slot)
+            ticket.slot = None
 
 
 @dataclass
@@ -227,10 +229,10 @@ class ChatService:
             ahead = await self._take_share(request.visitor)
             counted = request.visitor
             if self.admission is not None:
-                if self.admission.full:
-                    yield Waiting(f"Waiting for a free slot: this demo writes {self.admission.limit} replies at once…")
-                await self.admission.enter(ticket)
                 admitted = self.admission
+                async with contextlib.aclosing(admitted.enter(ticket)) as line:
+                    async for _ in line:
+                        yield Waiting(f"Waiting for a free slot: this demo writes {admitted.limit} replies at once…")
             async for step in self.registry.ready(preset):  # status lines, then the ready engine
                 if isinstance(step, Engine):
                     # In use from this moment (no await in between): preparing the prompt comes
@@ -269,7 +271,7 @@ class ChatService:
             if engine is not None:
                 engine.replies -= 1
             if admitted is not None:
-                admitted.leave()
+                admitted.leave(ticket)
             if counted:
                 self.tallies.release(share_key(counted))
             self._release(ticket)

@@ -45,8 +45,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Also publish a temporary public gradio.live link. Off by default: anyone with the link can use your model.",
             bool),
     Setting("concurrency_limit", ("CHAT_CONCURRENCY_LIMIT",), 0,
-            "Most replies written at once by this UI worker, from the Chat and Compare tabs and both APIs together; "
-            "more wait in line, their readers told so. 0 means no limit, so vLLM batches every user together.", int),
+            "Most replies written at once by the whole app, from every UI worker, the Chat and Compare tabs and both "
+            "APIs together; more wait in one line, first come first served, their readers told so. 0 means no limit, "
+            "so vLLM batches every user together.", int),
     Setting("auth", ("CHAT_AUTH",), "",
             "Require a login for the UI and the API: user:password, several separated by commas. Off by default."),
     Setting("admins", ("CHAT_ADMINS",), "",

@@ -229,7 +229,7 @@ async def test_admission_lets_a_set_number_of_replies_write_at_once_and_the_rest
     --max-waiting in line a reply is refused at once."""
     from chat.service import Admission, Failed
 
-    service.admission = Admission(limit=1, max_waiting=1)
+    service.admission = Admission(limit=1, max_waiting=1, tallies=service.tallies)
     logs = ReplyStore()
     try:
         first = live.start(service, logs, VISITOR, new_id(), LONG, owner=object(), started_by="api")
@@ -254,7 +254,7 @@ async def test_admission_lets_a_set_number_of_replies_write_at_once_and_the_rest
         assert in_line.events[-1]["finish"] == "stopped_by_user" and not any(e["type"] == "delta" for e in in_line.events)
         waiting_one.abort()
         assert await eventually(lambda: not waiting_one.running)
-        assert service.admission.running == 0
+        assert service.tallies.tallies.held(Admission.KEY) == 0
     finally:
         service.admission = None
     assert await engine_idle(engine)

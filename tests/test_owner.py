@@ -6,6 +6,7 @@ in tests/test_registry.py); tests/test_workers.py runs the real engines on the C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 import pytest
@@ -128,6 +129,35 @@ async def test_a_visitors_share_and_failed_sign_ins_are_counted_for_the_whole_ap
     assert await logins[0].refusal("203.0.113.9") is not None and await logins[1].refusal("203.0.113.9") is not None
     owner.forget(0)  # the first worker's process ended: its two are given back
     assert owner.tallies.held("replies:v") == 0
+
+
+async def test_replies_at_once_are_limited_for_the_whole_app_and_wait_in_one_line(owner_and_workers):
+    """--concurrency-limit with UI workers: one set of slots and one line, kept by the owner, first come
+    first served whichever worker asked; a full line refuses, a reply that gives up leaves the line,
+    and a worker that goes gives its slots to those in line."""
+    owner, _, (first, second) = owner_and_workers
+    key, told = "replies-at-once", []
+    taken = await first.link.enter(key, 1, 2, lambda: told.append("first"))
+    assert taken is not None and not told
+    waiting = []
+    for worker in (second, first):  # one after the other: each worker's messages come on a socket of its own
+        waiting.append(asyncio.get_running_loop().create_task(
+            worker.link.enter(key, 1, 2, lambda w=worker: told.append(w.link.worker))))
+        assert await eventually(lambda: len(told) == len(waiting), 5), "it was told it waits in line"
+    assert await second.link.enter(key, 1, 2, lambda: None) is None, "the line is full"
+    first.link.leave(key, taken)
+    assert await asyncio.wait_for(waiting[0], 5) is not None  # the second worker's, first in line
+    assert not waiting[1].done()
+    waiting[1].cancel()  # the first worker's reply gives up its place
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting[1]
+    assert await eventually(lambda: not owner.tallies._lines, 5)
+    third = asyncio.get_running_loop().create_task(first.link.enter(key, 1, 2, lambda: None))
+    await asyncio.sleep(0.2)
+    assert not third.done()
+    owner.forget(second.link.worker)  # the worker holding the slot went: it goes to the one in line
+    assert await asyncio.wait_for(third, 5) is not None
+    assert owner.tallies.held(key) == 1
 
 
 class GatedSleep(SleepyLLM):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -151,3 +152,42 @@ def test_keys_of_events_nobody_asks_about_again_are_forgotten():
     clock.now += 61
     tallies.add("fresh", 60)  # the sweep's turn
     assert list(tallies._events) == ["fresh"]
+
+
+def test_slots_wait_in_one_line_first_come_first_served():
+    """`enter`: a slot now, or a place in line that a release hands the next slot to; a full line
+    refuses; a place given up, or the slot handed to it meanwhile, goes to the next."""
+    tallies, admitted = Tallies(), []
+    assert tallies.enter("slots", 1, 2, "w1", "a", lambda: admitted.append("a")) == 0
+    assert tallies.enter("slots", 1, 2, "w2", "b", lambda: admitted.append("b")) == 1
+    assert tallies.enter("slots", 1, 2, "w1", "c", lambda: admitted.append("c")) == 2
+    assert tallies.enter("slots", 1, 2, "w2", "d", lambda: admitted.append("d")) is None  # the line is full
+    tallies.leave("slots", "w1", "a")
+    assert admitted == ["b"] and tallies.held("slots") == 1
+    tallies.leave("slots", "w1", "c")  # gives up its place
+    tallies.leave("slots", "w2", "b")
+    assert admitted == ["b"] and tallies.held("slots") == 0
+    assert tallies.enter("slots", 1, 2, "w1", "e", lambda: admitted.append("e")) == 0  # nobody in line: at once
+    assert tallies.enter("slots", 1, 2, "w2", "f", lambda: admitted.append("f")) == 1
+    assert tallies.drop_holder("w1") == 1  # its worker went: its slot goes to the one in line
+    assert admitted == ["b", "f"] and tallies.held("slots") == 1
+    tallies.leave("slots", "w2", "unknown")  # a ticket it never had changes nothing
+    assert tallies.held("slots") == 1
+
+
+async def test_in_process_slots_wait_and_a_cancelled_wait_leaves_the_line():
+    slots, told = InProcess(), []
+    first = await slots.enter("slots", 1, 4, lambda: told.append(1))
+    assert first is not None and not told
+    waiting = asyncio.get_running_loop().create_task(slots.enter("slots", 1, 4, lambda: told.append(2)))
+    gone = asyncio.get_running_loop().create_task(slots.enter("slots", 1, 4, lambda: told.append(3)))
+    await asyncio.sleep(0)
+    assert told == [2, 3] and not waiting.done()
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    slots.leave("slots", first)
+    second = await asyncio.wait_for(waiting, 1)
+    assert second is not None and slots.tallies.held("slots") == 1
+    slots.leave("slots", second)
+    assert slots.tallies.held("slots") == 0 and not slots.tallies._lines

@@ -150,7 +150,11 @@ def page_replies(turns: list[Turn], first: int, moments: list[dict[str, Any]], s
     records: TTFT and each stage's spread, page loads and mounts, the event loops' stalls and long garbage
     collections between t0 and t1, and the `slow` slowest replies with their timelines and the stalls that
     overlapped their wait (where moments carry a process's "pid", that of the process their `begin` reached)."""
-    rows = [timeline(turn, first, moments, sources) for turn in turns]
+    by_reply: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, page id) -> its first moment
+    for m in moments:
+        if "id" in m:
+            by_reply.setdefault((m["k"], m["id"]), m)
+    rows = [timeline(turn, first, by_reply, sources) for turn in turns]
     stalls = [m for m in moments if m["k"] == "stall" and t0 <= m["t"] <= t1]
     collections = [m for m in moments if m["k"] == "gc" and t0 <= m["t"] <= t1]
     ok = [r for r in rows if r["ttft"] is not None]
@@ -184,19 +188,25 @@ def page_replies(turns: list[Turn], first: int, moments: list[dict[str, Any]], s
     return out
 
 
-def timeline(turn: Turn, first: int, moments: list[dict[str, Any]], sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def timeline(turn: Turn, first: int, by_reply: dict[tuple[str, str], dict[str, Any]],
+             sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One page reply's moments, in milliseconds after its Enter."""
     sent = turn.started
     source = sources.get(str(first + turn.index), {})
-    begun = next((m for m in moments if m["k"] == "begin" and m["id"] == turn.begun), {})
-    begin = begun.get("t")
-    delta = next((m["t"] for m in moments if m["k"] == "delta" and m["id"] == turn.begun), None)
+
+    def at(kind: str) -> float | None:
+        return by_reply.get((kind, turn.begun or ""), {}).get("t")
+
+    begun = by_reply.get(("begin", turn.begun or ""), {})
+    begin, delta = begun.get("t"), at("delta")
+    # the engine's side: the token source's records, else the app's own (bench/frontend_timeline.py)
+    core, token = source.get("added") or at("core"), source.get("first_token") or at("token")
     shown = next((t for t, n in turn.updates if n > 0), None)
     marks = turn.marks
     return {"index": turn.index, "ttft": ms(shown, sent) if not turn.error else None, "error": turn.error,
             "late": ms(marks.get("arrived", sent), marks.get("due")), "page": ms(marks.get("page_loaded"), marks.get("arrived")), "mount": ms(sent, marks.get("page_loaded")),
-            "begin": ms(begin, sent), "turn": ms(turn.process_started, sent), "core": ms(source.get("added"), sent),
-            "token": ms(source.get("first_token"), sent), "taken": ms(source.get("first_handed"), sent),
+            "begin": ms(begin, sent), "turn": ms(turn.process_started, sent), "core": ms(core, sent),
+            "token": ms(token, sent), "taken": ms(source.get("first_handed"), sent),
             "sent": ms(delta, sent), "delta": ms(marks.get("first_delta"), sent), "box": ms(marks.get("box"), sent),
             "_sent": sent, "_pid": begun.get("pid")}
 

@@ -24,12 +24,18 @@ the machine's monotonic clock (the client's and the token source's too):
                                         ones (how many each reaches, and its own chain): send it once
                                         visitors have come and gone, then again after more have
 
-The token source logs the rest (request handed to the engine core, first token out of it).
+  {"k": "core", "id": ..., "t": ...}    that reply's request handed to vLLM's AsyncLLM
+  {"k": "token", "id": ..., "t": ...}   its first output back from AsyncLLM (the engine's first token,
+                                        detokenized)
+
+The token source logs the same two from its side (request added to it, first token out of it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import gc
 import json
 import re
@@ -43,6 +49,7 @@ TICK_S = 0.005  # the stall watcher's sleep
 STALL_MS = 20.0  # a wake-up later than this is logged
 GC_MS = 5.0  # a garbage collection longer than this is logged
 ID = re.compile(r'"id": ?"([^"]+)"')
+REPLY: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_reply", default=None)  # a reply's page id
 CHAIN_DEPTH = 12  # referrers followed from a new object to an older one
 
 
@@ -62,6 +69,7 @@ class Recorder:
         if text and '"begin"' in text[:200]:
             with_id = ID.search(text)
             self.write(k="begin", id=with_id.group(1) if with_id else None, t=time.monotonic())
+            REPLY.set(with_id.group(1) if with_id else None)  # in the socket's task, which starts the reply
         if not self.watching:  # the first socket message runs in the server's loop: watch it from now on
             self.watching = True
             asyncio.get_running_loop().create_task(self.watch())
@@ -210,4 +218,27 @@ def install(path: Path) -> Recorder:
 
     WebSocket.receive = receive_recorded  # type: ignore[method-assign]
     WebSocket.send_text = send_text_recorded  # type: ignore[method-assign]
+    record_engine(recorder)
     return recorder
+
+
+def record_engine(recorder: Recorder) -> None:
+    """A page reply's request handed to vLLM (`core`) and its first output back (`token`), by the
+    page's id: the socket's task that received the `begin` holds it (`Recorder.received`), and the
+    reply's tasks, started from there, copy it."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    generate = AsyncLLM.generate
+
+    async def generate_recorded(self: AsyncLLM, *args: Any, **kwargs: Any) -> Any:
+        reply = REPLY.get()
+        if reply is not None:
+            recorder.write(k="core", id=reply, t=time.monotonic())
+        async with contextlib.aclosing(generate(self, *args, **kwargs)) as outputs:  # closed: vLLM aborts it
+            async for output in outputs:
+                if reply is not None:
+                    recorder.write(k="token", id=reply, t=time.monotonic())
+                    reply = None
+                yield output
+
+    AsyncLLM.generate = generate_recorded  # type: ignore[method-assign]

@@ -47,6 +47,10 @@ HEAD_TIMEOUT_S = 10
 # Caddy calls read_body): a body gets what the head left of it, as chat/shedding.py gives one alone.
 REQUEST_READ_S = HEAD_TIMEOUT_S + BODY_WITHIN_S
 IDLE_TIMEOUT_S = 30  # a browser opens a new connection for free; an idle one holds a descriptor
+# At a stop, how long Caddy may take before it is killed. It waits for open requests for ever (an open
+# page's event stream, a stalled upload: the stop then took the 10 s this was), and its own
+# `grace_period` logs two error lines when it runs out; it keeps nothing to flush.
+STOP_GRACE_S = 2
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
 RETRY_FOR_S = 5
@@ -172,7 +176,7 @@ class FrontDoor:
             return
         self.process.send_signal(signal.SIGTERM)
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

@@ -5,6 +5,7 @@ open (an event stream, a heartbeat, an upload that stops sending) and with other
     python -m bench.stop_time --workers 2 --hold --repeats 5
     python -m bench.stop_time --workers 1 --burners 8
     python -m bench.stop_time --root ../other-checkout ...   # another checkout's app.py
+    python -m bench.stop_time --app-arg=--verbose ...         # vLLM's own lines in the log too
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def one_stop(args: argparse.Namespace, log: Path) -> float:
     port = 7990 + os.getpid() % 500
     with open(log, "w") as out:
         app = subprocess.Popen([sys.executable, str(args.root / "app.py"), "--port", str(port), "--ui-workers", str(args.workers),
-                                "--votes-db", str(log.with_suffix(".sqlite3"))],
+                                "--votes-db", str(log.with_suffix(".sqlite3")), *args.app_arg],
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=args.root)
     try:
         ready(port)
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--hold", action="store_true", help="leave an event stream, a heartbeat and a stalled upload open")
     ap.add_argument("--burners", type=int, default=0, help="processes spinning on the cores meanwhile")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--app-arg", action="append", default=[], metavar="FLAG", help="an extra app.py flag (e.g. --verbose)")
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py runs (default: this one)")
     ap.add_argument("--log", type=Path, default=Path("/tmp/stop-time.log"), help="the app's output (the last run's)")
     args = ap.parse_args()

@@ -24,17 +24,13 @@ def moments(source: Path) -> list[tuple[float, float]]:
     """(begin, first text sent) of every reply, by `begin`."""
     if source.is_file():
         return sorted((b, d) for b, d in json.loads(source.read_text())["replies"])
+    from bench.frontend_rates import read_lines
+
     out = []
     for path in sorted(source.glob("timeline-*.jsonl")):
-        begun: dict[str, float] = {}
-        sent: dict[str, float] = {}
-        for line in path.read_text().splitlines():
-            m = json.loads(line)
-            if m["k"] == "begin":
-                begun[m["id"]] = m["t"]
-            elif m["k"] == "delta":
-                sent[m["id"]] = m["t"]
-        out += [(t, sent[i]) for i, t in begun.items() if i in sent]
+        lines = read_lines(path, 0)
+        sent = {m["id"]: m["t"] for m in reversed(lines) if m["k"] == "delta"}  # each reply's first
+        out += [(m["t"], sent[m["id"]]) for m in lines if m["k"] == "begin" and m["id"] in sent]
     return sorted(out)
 
 

@@ -12,9 +12,10 @@
 #    workers behind Caddy) side by side, 22 GiB of KV cache each, new visitors at 10, 20 and 30 a
 #    second for 30 s, three rounds, then 40 and 50 once each while the raw engine's p99 stays under
 #    800 ms; every app process records its page-reply moments (the slow replies' timelines).
-# 2. one stream's first text, the app before one owner per reply (.gpu/before: `git archive 66125b2
-#    app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw engine, 6 GiB of KV cache each, rounds
-#    interleaved until the chain's time (CHAIN_S after start) is spent.
+#    On a GPU under 100 GiB (an H100) the KV cache is 16 GiB each (KV_GIB sets it).
+# 2. with ONE_STREAM=1 only: one stream's first text, the app before one owner per reply (.gpu/before:
+#    `git archive 66125b2 app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw
+#    engine, 6 GiB of KV cache each, rounds interleaved until the chain's time (CHAIN_S after start) is spent.
 set -uo pipefail
 C=/tmp/chain
 CHAIN_S=${CHAIN_S:-1100}
@@ -62,10 +63,13 @@ run)
   t0=$(cat $C/t0)
   caddy version; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
   echo "code: $(cat .gpu/after/REVISION); before: $(cat .gpu/before/REVISION)"; nproc; date -u
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  kv_gib=${KV_GIB:-$(( gpu_mib > 100000 ? 22 : 16 ))}
   set -x
-  python3 -m bench.gpu --tok .gpu/tok --kv-gib 22 --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
+  python3 -m bench.gpu --tok .gpu/tok --kv-gib "$kv_gib" --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
     --levels "" --rates 10,20,30 --rate-rounds 3 --rates-beyond 40,50 --rate-seconds 30 --client-procs 6 \
     --deadline "$RATES_DEADLINE" --out $C/rates
+  if [[ ${ONE_STREAM:-0} == 1 ]]; then
   for cache in vllm-cache triton; do  # the app's compile caches for both apps of step 2 (same model and shapes)
     for name in after before; do [[ -d /tmp/$cache-w8 ]] && cp -a /tmp/$cache-w8 /tmp/$cache-$name; done
   done
@@ -73,6 +77,7 @@ run)
   python3 -m bench.gpu --tok .gpu/tok --kv-gib 6 --gpu-mem 0.3 \
     --app after:ui_workers=8:browser=1:api=0:root=. --app before:ui_workers=8:browser=1:api=0:root=.gpu/before \
     --levels 1,1,1,1,1,1,1,1,1,1,1,1 --requests 1:8 --max-tokens 64 --rates "" --deadline "$left" --out $C/one
+  fi
   set +x
   date -u > $C/done
   ;;

@@ -66,9 +66,9 @@ def run() -> None:
     exit_without_teardown(status)
 
 
-if __name__ == "__main__":
-    run()
-elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, an engine core or its worker
+def spawned() -> None:
+    """What a process spawned for the app does first: a UI worker, an engine core or its worker
+    (tests/stand_in.py's spawned processes too)."""
     from chat import lifeline
 
     lifeline.leave_terminal_group()  # the app's main process stops it (chat/lifeline.py)
@@ -78,3 +78,9 @@ elif __name__ == "__mp_main__":  # a process spawned for the app: a UI worker, a
     from chat import logs
 
     logs.configure_spawned()
+
+
+if __name__ == "__main__":
+    run()
+elif __name__ == "__mp_main__":  # a process spawned for the app
+    spawned()

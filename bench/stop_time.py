@@ -50,6 +50,13 @@ def ready(port: int, within_s: float = 300) -> None:
     raise SystemExit("the app was not ready in time")
 
 
+def ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone between the two looks
+        return True
+
+
 def one_stop(args: argparse.Namespace, log: Path) -> float:
     port = 7990 + os.getpid() % 500
     with open(log, "w") as out:
@@ -74,8 +81,7 @@ def one_stop(args: argparse.Namespace, log: Path) -> float:
         t0 = time.monotonic()
         os.killpg(app.pid, signal.SIGTERM)
         while app.poll() is None and time.monotonic() - t0 < 120:
-            for pid in [pid for pid in children if not psutil.pid_exists(pid) or
-                        psutil.Process(pid).status() == psutil.STATUS_ZOMBIE]:
+            for pid in [pid for pid in children if ended(pid)]:
                 print(f"  {time.monotonic() - t0:6.2f} s  {children.pop(pid)} ({pid}) ended", flush=True)
             time.sleep(0.05)
         took = time.monotonic() - t0

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import re
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +270,27 @@ class _Resources:
     engine_dead: bool = False
 
 
-_ORIGINAL: list[Any] = []  # vLLM's own factory while replaced
+_ORIGINAL: list[tuple[Any, str, Any]] = []  # (owner, name, vLLM's own) for each thing replaced
+
+
+class _NoCoreProcesses:
+    """What `launch_core_engines` hands back as its engine manager when no core process is started."""
+
+    processes: list[Any] = []  # noqa: RUF012 - read only: no sentinel to watch
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        pass
+
+
+@dataclass
+class _Launched:  # vLLM 0.32's launch_core_engines result
+    engine_manager: Any
+    coordinator: Any = None
+
+
+def _replace(owner: Any, name: str, value: Any) -> None:
+    _ORIGINAL.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
 
 
 def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[Reply, ...] = (),
@@ -276,8 +298,15 @@ def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[
     """Make every AsyncLLM created from now on in this process stream from a TokenSource
     (until `uninstall()`), with `replies` scripted, each taking `start_s` to start (as an engine core
     loading its model would), each record tagged with what the regular expression `tag` finds in its
-    prompt. Returns the list the sources are appended to as engines are built."""
+    prompt. Returns the list the sources are appended to as engines are built.
+
+    A core shared by several processes (vLLM's `launch_core_engines`, chat/engine_core.py) starts no
+    process either: it takes `start_s` at its start-up barrier, and each process that joins it (an
+    AsyncLLM given client addresses) gets a TokenSource of its own at once, so processes share no
+    schedule. Install it in every process that makes an AsyncLLM (tests/stand_in.py does so in the
+    processes the app spawns)."""
     from vllm.v1.engine import core_client
+    from vllm.v1.engine import utils as engine_utils
 
     sources: list[TokenSource] = []
 
@@ -285,22 +314,29 @@ def install(step_s: float = 0.025, log_path: Path | None = None, replies: tuple[
                              renderer: Any = None, **kwargs: Any) -> TokenSource:
         if renderer is None:
             raise NotSimulated("bench token source: AsyncLLM no longer hands its renderer to the engine core client")
-        time.sleep(start_s)  # in the thread that builds the engine, as the real engine core's start blocks it
+        if kwargs.get("client_addresses") is None:  # its own core: the start blocks the thread that builds it
+            time.sleep(start_s)
         source = TokenSource(vllm_config, renderer.tokenizer, step_s, log_path, replies, tag)
         sources.append(source)
         log.warning("vLLM's engine core replaced by the bench token source: a token for every running request "
                     "every %.1f ms, at most %d running", 1e3 * step_s, source.max_num_seqs)
         return source
 
+    @contextlib.contextmanager
+    def launch_core_engines(vllm_config: Any, executor_class: Any, log_stats: bool, addresses: Any,
+                            *older: Any, **kwargs: Any) -> Iterator[Any]:
+        manager = _NoCoreProcesses()
+        yield (manager, None, addresses, None) if older else _Launched(manager)  # vLLM 0.25: a tuple
+        time.sleep(start_s)  # the barrier on exit: the core has loaded its model
+
     if not _ORIGINAL:
-        _ORIGINAL.append(core_client.EngineCoreClient.__dict__["make_async_mp_client"])
-    core_client.EngineCoreClient.make_async_mp_client = staticmethod(make_async_mp_client)
+        _replace(core_client.EngineCoreClient, "make_async_mp_client", staticmethod(make_async_mp_client))
+        _replace(engine_utils, "launch_core_engines", launch_core_engines)
     return sources
 
 
 def uninstall() -> None:
     """vLLM's own engine core again for AsyncLLMs created from now on."""
-    from vllm.v1.engine import core_client
-
-    if _ORIGINAL:
-        core_client.EngineCoreClient.make_async_mp_client = _ORIGINAL.pop()
+    while _ORIGINAL:
+        owner, name, original = _ORIGINAL.pop()
+        setattr(owner, name, original)

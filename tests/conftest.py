@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chat.lifeline import ends_with_parent
@@ -39,14 +40,15 @@ pytest_plugins = ["tests.costs"]  # each tier's wall and CPU time, printed after
 TIERS = ("unit", "engine", "app", "browser")
 EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clean-up (pytest_unconfigure)
 # A test's tier, when its module does not say: the heaviest of what its fixtures start.
-TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app"}, "engine": {"engine", "registry"}}
+TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app", "front_door_app"},
+                 "engine": {"engine", "registry"}}
 # The fixtures that start the real engine (the embedded model on vLLM's CPU build), by the module that
 # defines them (test modules whose tests run on the stand-in engine name theirs `registry` and `engine`
 # too). A test that uses one is marked `real_engine`; `scripts/test --dev` runs every other test.
 REAL_ENGINE_FIXTURES = {
     "real_app": "tests.conftest", "real_page": "tests.conftest", "protected_app": "tests.conftest",
     "registry": "tests.conftest", "engine": "tests.conftest", "workers_app": "tests.test_workers",
-    "workers": "tests.test_hostile", "small_presets": "tests.test_engine",
+    "small_presets": "tests.test_engine",
 }
 
 
@@ -469,6 +471,26 @@ def app_server(request) -> Iterator[RunningApp]:
     app = app_for(request)
     yield app
     stop_app(app)
+
+
+@app_recipe("front_door_app", scope="session")
+def launch_front_door_app(folder: Path) -> RunningApp:
+    return launch_app("front-door", "--ui-workers", "2", "--host", "0.0.0.0", "--admin-local",
+                      "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
+
+
+@pytest.fixture(scope="session")
+def front_door_app(request) -> Iterator[RunningApp]:
+    """Two UI workers behind Caddy on the stand-in engine, on every interface, as a stranger on another
+    machine meets the app (`stranger_url`): for the tests of hostile input, floods and vote stuffing
+    through the front door. The real engine's several-worker tests are tests/test_workers.py's."""
+    app = app_for(request)
+    yield app
+    started = psutil.Process(app.process.pid).children(recursive=True) if app.process.poll() is None else []
+    stop_app(app)
+    assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
+    problems = [line for line in app.log_path.read_text(errors="replace").splitlines() if PROBLEM_LINE.search(line)]
+    assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
 
 
 @app_recipe("real_app", scope="session")

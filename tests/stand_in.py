@@ -76,14 +76,25 @@ def count_objects(*_: object) -> None:
     print(f"stand-in heap: {len(gc.get_objects()) + gc.get_freeze_count()} objects", flush=True)
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGUSR1, count_objects)
-    sys.path.insert(0, str(ROOT))
+def use_token_source() -> None:
+    """The token source in place of vLLM's engine core, in this process, paced by the environment."""
     from bench.token_source import install
 
     install(step_s=float(os.environ.get("STAND_IN_STEP_MS", STEP_MS)) / 1000, replies=replies(),
             start_s=float(os.environ.get("STAND_IN_START_S", START_S)))
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGUSR1, count_objects)
+    sys.path.insert(0, str(ROOT))
+    use_token_source()
     sys.argv = [str(ROOT / "app.py"), *sys.argv[1:]]
     import app
 
     app.run()  # as `python app.py` ends: the stop's lines, no teardown
+elif __name__ == "__mp_main__":  # a process the app spawned (a UI worker): as app.py's, on the stand-in too
+    sys.path.insert(0, str(ROOT))
+    import app
+
+    app.spawned()
+    use_token_source()

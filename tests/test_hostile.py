@@ -1,7 +1,7 @@
 """Every hostile input gets one sentence and no traceback, on every endpoint the app exposes.
 
 A sweep of malformed and hostile requests, sent over real HTTP and WebSocket connections to the
-one-worker app and to two UI workers behind Caddy: every event of the page (found in its /config,
+one-worker app and to two UI workers behind Caddy (both on the stand-in engine): every event of the page (found in its /config,
 the lazily made tabs' events included, hidden ones too) through Gradio's queue and its direct
 route, the named API routes, uploads, file paths, the /chat WebSocket, and the app's own routes.
 Each answer must be a clean 4xx with a short body, or a 200 whose errors are sentences; never a
@@ -14,15 +14,12 @@ import asyncio
 import dataclasses
 import json
 import re
-import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 import websockets
 
@@ -34,11 +31,6 @@ from tests.conftest import (
     PROBLEM_LINE,
     USER,
     RunningApp,
-    app_for,
-    app_recipe,
-    launch_app,
-    still_running,
-    stop_app,
     stranger_url,
 )
 
@@ -92,36 +84,15 @@ def event_problem(message: dict[str, Any]) -> str | None:
     return None
 
 
-@app_recipe("workers", scope="module")
-def launch_two_workers(folder: Path) -> RunningApp:
-    """Two UI workers behind Caddy on the default preset, as test_workers.py starts them, on every
-    interface (the sweeps come from this machine's non-loopback address, as a stranger's would), in a
-    session of their own as in a terminal: the module's last test stops them with a signal to their
-    whole group."""
-    return launch_app("hostile-workers", "--ui-workers", "2", "--votes-db", str(folder / "votes.sqlite3"),
-                      "--host", "0.0.0.0", new_session=True)
-
-
-@pytest.fixture(scope="module")
-def workers(request) -> Iterator[RunningApp]:
-    app = app_for(request)
-    yield app
-    started = psutil.Process(app.process.pid).children(recursive=True) if app.process.poll() is None else []
-    stop_app(app)  # stopped already by the module's last test, unless it failed first
-    assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"
-
-
-@pytest.fixture(params=["one worker", pytest.param("two workers behind Caddy",
-                                                   marks=[pytest.mark.real_engine, pytest.mark.uses_app("workers")])])
+@pytest.fixture(params=["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.uses_app("front_door_app"))])
 def app(request, app_server) -> Iterator[RunningApp]:
-    """The app under attack: the shared app (on the stand-in engine, so `scripts/test --dev` runs the
-    sweeps too), or two UI workers on the real engine behind Caddy, reached from this machine's
-    non-loopback address (`uses_app` has that app launched ahead).
+    """The app under attack, on the stand-in engine: the shared app, or two UI workers behind Caddy
+    (conftest's `front_door_app`) reached from this machine's non-loopback address, as a stranger on
+    another machine (`uses_app` has that app launched ahead).
     `app_server` is named so that conftest's `nothing_left_behind` checks its log after each test;
     for both apps the log is also checked here, and the app must still chat."""
-    # Two workers: from this machine's non-loopback address, as a stranger on another machine.
     target = app_server if request.param == "one worker" else dataclasses.replace(
-        request.getfixturevalue("workers"), url=stranger_url(request.getfixturevalue("workers")))
+        request.getfixturevalue("front_door_app"), url=stranger_url(request.getfixturevalue("front_door_app")))
     start = target.log_path.stat().st_size
     yield target
     assert still_chats(target), "a normal /chat call failed after the sweep"
@@ -625,17 +596,3 @@ async def test_the_login_refuses_hostile_sign_ins_plainly(protected_app):
     assert right.status_code == 429 and right.json()["detail"] == TOO_MANY, right.text  # locked out, plainly
     assert health.status_code == 200 and health.json() == {"status": "ok"}  # and the app still serves
     assert not (problem := logged_problem(protected, start)), "the app logged a problem:\n" + problem
-
-
-def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(workers):
-    """The last of this module's tests of the two-worker app (tests/test_stop.py has one worker): SIGTERM
-    to the whole group, as a container's stop sends it, mid-reply. Before, every worker printed Gradio's
-    "Keyboard interruption" line, and the group's signal reached the engine's processes too. The front
-    door stops first, so the reply's connection is closed (no last event)."""
-    from tests.test_stop import assert_quiet_stop, kill_session, stopped_mid_reply
-
-    try:
-        after, _ = stopped_mid_reply(workers, signal.SIGTERM, preset=PRESET)
-        assert_quiet_stop(workers, after)
-    finally:
-        kill_session(workers)

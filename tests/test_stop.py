@@ -1,8 +1,10 @@
 """A quiet stop: Ctrl-C in a terminal sends SIGINT to the app's whole process group, and a stop may
 send SIGTERM to the group too. Either ends the app within seconds, in two lines, with a reply in
-flight, with one UI worker (here) and with several (tests/test_hostile.py's two-worker app ends that
-way), and leaves nothing running (chat/lifeline.py, chat/server.py, chat/supervisor.py). The apps here run in sessions of their own, as in a terminal:
-the other tests stop theirs by signalling the main process only, which never showed what a terminal does."""
+flight, with one UI worker (on the real engine, whose processes are in the group) and with several
+(on the stand-in engine: a shared core's processes leave the group, and tests/test_workers.py stops
+the real one), and leaves nothing running (chat/lifeline.py, chat/server.py, chat/supervisor.py).
+The apps here run in sessions of their own, as in a terminal: the other tests stop theirs by
+signalling the main process only, which never showed what a terminal does."""
 
 from __future__ import annotations
 
@@ -21,19 +23,19 @@ from chat import logs
 from tests.conftest import PROBLEM_LINE, RunningApp, launch_app, small_preset, still_running, wait_ready
 from tests.test_server import in_session
 
-pytestmark = [pytest.mark.app, pytest.mark.real_engine]
+pytestmark = pytest.mark.app
 
 PRESET = "Stop test"
 STOPS_WITHIN_S = 30.0  # a bound for a busy machine; it takes 3-7 s on the 2-core Xeon
 LEFT_WITHIN_S = 30.0  # the resource tracker ends once the app has, after cleaning up
 
 
-def launch_in_session(name: str, folder: Path, *args: str) -> RunningApp:
+def launch_in_session(name: str, folder: Path, *args: str, stand_in: bool = False) -> RunningApp:
     """app.py with a small preset in a session of its own, so that its process group is the app's
     alone, as a terminal's foreground group is."""
     small_preset(folder, PRESET, sampling={"temperature": 0.0, "max_tokens": {"default": 400, "max": 512}})
     return launch_app(name, "--presets-dir", str(folder), "--preset", PRESET, "--votes-db",
-                      str(folder / "votes.sqlite3"), *args, new_session=True)
+                      str(folder / "votes.sqlite3"), *args, new_session=True, stand_in=stand_in)
 
 
 def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str = PRESET) -> tuple[list[str], dict | None]:
@@ -76,6 +78,7 @@ def kill_session(app: RunningApp) -> None:
         app.process.wait(timeout=10)
 
 
+@pytest.mark.real_engine
 def test_ctrl_c_in_a_terminal_stops_the_app_and_its_reply_in_two_lines(tmp_path):
     """SIGINT to the whole group, as a terminal's Ctrl-C sends it: before, vLLM's worker quit on its
     own, its engine core logged it as a fatal error with two tracebacks, the app began restarting the
@@ -85,5 +88,18 @@ def test_ctrl_c_in_a_terminal_stops_the_app_and_its_reply_in_two_lines(tmp_path)
         after, last = stopped_mid_reply(app, signal.SIGINT)
         assert_quiet_stop(app, after)
         assert last is not None and last["type"] in ("done", "error"), f"the reply did not end: {last}"
+    finally:
+        kill_session(app)
+
+
+def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(tmp_path):
+    """SIGTERM to the whole group, as a container's stop sends it, mid-reply, to two UI workers behind
+    Caddy. Before, every worker printed Gradio's "Keyboard interruption" line, and the group's signal
+    reached the engine's processes too. The front door stops first, so the reply's connection is
+    closed (no last event)."""
+    app = wait_ready(launch_in_session("stop-workers", tmp_path, "--ui-workers", "2", stand_in=True))
+    try:
+        after, _ = stopped_mid_reply(app, signal.SIGTERM)
+        assert_quiet_stop(app, after)
     finally:
         kill_session(app)

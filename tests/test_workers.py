@@ -19,21 +19,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
 from gradio_client import Client
 
-from chat.admin import NOT_ADMIN
 from chat.client import ReplyStream
 from chat.embedded import model_dir
 from chat.front_door import COOKIE, worker_cookie
 from chat.models import weights_bytes
 from chat.stats import REPLIED, SUMMARY
-from chat.voters import COOKIE as VOTER_COOKIE
-from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
 from tests.conftest import (
     OUTPUT,
     PROBLEM_LINE,
@@ -42,12 +38,10 @@ from tests.conftest import (
     app_for,
     app_recipe,
     launch_app,
-    public_address,
     replies_started,
     small_preset,
     still_running,
     stop_app,
-    stranger_url,
 )
 from tests.pages import wait_drawn
 from tests.test_browser import send, watch_reply
@@ -216,24 +210,6 @@ def test_a_third_engine_makes_the_owner_unload_the_least_recently_used_one(worke
     assert chat(pinned(workers_app, 0), "Name a stone.", B)
 
 
-def test_twenty_curl_two_step_calls_through_the_front_door_are_all_answered(workers_app):
-    def two_steps(i: int) -> str:
-        # Gradio's documented call: every input of the Chat tab's event, in order (docs/api.md, "the Gradio API").
-        body = json.dumps({"data": [f"Say the number {i}.", C, "You are brief.", 0.0, 0.9, 0, 12, 1.1, -1]})
-        posted = subprocess.run(["curl", "-sS", "-X", "POST", workers_app.url + "gradio_api/call/chat",
-                                 "-H", "Content-Type: application/json", "-d", body],
-                                capture_output=True, text=True, timeout=60, check=True)
-        event = json.loads(posted.stdout)["event_id"]
-        got = subprocess.run(["curl", "-sS", "-N", workers_app.url + f"gradio_api/call/chat/{event}"],
-                             capture_output=True, text=True, timeout=120, check=True)
-        return got.stdout
-
-    with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(two_steps, range(20)))
-    for answer in answers:
-        assert "event: complete" in answer and REPLIED in answer, answer[-400:]
-
-
 async def test_the_websocket_api_streams_through_the_front_door(workers_app):
     stream = ReplyStream("Count to five.", url=workers_app.url, preset=B, sampling={"max_tokens": 12})
     text = "".join([part async for part in stream])
@@ -259,97 +235,7 @@ def test_metrics_name_each_series_once_with_the_workers_labelled(workers_app):
     assert len(samples) == len(set(samples)), "a series appears twice"
     assert 'chat_ui_worker_up{ui_worker="0"} 1.0' in text and 'chat_ui_worker_up{ui_worker="1"} 1.0' in text
     replies = sum(float(v) for v in re.findall(r'^chat_replies_total\{[^}]*\} (\S+)$', text, re.M))
-    assert replies >= 30, "replies from both workers are counted"
-
-
-# --- hostile requests at the front door -------------------------------------------------------
-
-
-def raw(host: str, port: int, data: bytes, read_s: float = 10, one_answer: bool = False) -> bytes:
-    """What the server sent back on one connection until it closed it or sent nothing for `read_s`;
-    with `one_answer`, until one whole answer with a Content-Length came (a kept-alive connection
-    otherwise idles until `read_s`)."""
-    with socket.create_connection((host, port), timeout=read_s) as s:
-        s.sendall(data)
-        received = b""
-        try:
-            while chunk := s.recv(65536):
-                received += chunk
-                if one_answer and answer_complete(received):
-                    break
-        except (TimeoutError, ConnectionResetError):
-            pass
-        return received
-
-
-def answer_complete(received: bytes) -> bool:
-    head, separator, body = received.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
-    return bool(separator and length and len(body) >= int(length[1]))
-
-
-def test_a_stranger_cannot_pass_as_this_machine_through_a_smuggled_connection(workers_app):
-    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
-    stranger = public_address()
-    assert not stranger.startswith("127."), "the machine needs an address other than loopback for this test"
-    call = b'{"data": []}'
-
-    def stop_capacity(host: str, hostile: bool) -> str:
-        extra = b"Connection: keep-alive, noupgrade\r\nUpgrade: x\r\nX-Forwarded-For: 127.0.0.1\r\n" if hostile else b""
-        head = (b"POST /gradio_api/call/capacity_stop HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + extra + b"Content-Length: %d\r\n\r\n" % len(call) + call)
-        answer = raw(host, port, head, read_s=30, one_answer=True)
-        event = re.search(rb'"event_id":\s*"(\w+)"', answer)[1].decode()
-        follow = (b"GET /gradio_api/call/capacity_stop/%s HTTP/1.1\r\nHost: x\r\n" % event.encode() + extra
-                  + b"Connection: close\r\n\r\n")
-        return raw(host, port, follow, read_s=15).decode(errors="replace")
-
-    assert "No capacity test is running" in stop_capacity("127.0.0.1", hostile=False)
-    assert NOT_ADMIN in stop_capacity(stranger, hostile=True)
-    assert NOT_ADMIN in stop_capacity(stranger, hostile=False)
-
-
-def test_pipelined_and_oversized_requests_get_answers(workers_app):
-    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
-    pipelined = raw("127.0.0.1", port, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\nGET /livez HTTP/1.1\r\nHost: x\r\n"
-                                       b"Connection: close\r\n\r\n")
-    assert pipelined.count(b"HTTP/1.1 200") == 2, pipelined
-    # Above the front door's limit (32 KB, and Go reads 4 KB more before it refuses).
-    huge = raw("127.0.0.1", port, b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
-    assert huge.startswith(b"HTTP/1.1 431"), huge[:200]
-
-
-def test_a_slow_head_is_cut_off_and_idle_connections_do_not_take_the_service_down(workers_app):
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 4096 <= hard or soft < hard < 4096:  # room for this test's own 1,100 sockets
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-    port = int(workers_app.url.rsplit(":", 1)[1].strip("/"))
-    slow = socket.create_connection(("127.0.0.1", port))
-    slow.sendall(b"GET / HTTP/1.1\r\n")
-    closed = threading.Event()
-
-    def trickle() -> None:
-        try:
-            while not closed.is_set():
-                slow.sendall(b"X")
-                time.sleep(1)
-        except OSError:
-            closed.set()
-
-    threading.Thread(target=trickle, daemon=True).start()
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(1100)]
-    try:
-        status, _ = workers_app.health()
-        assert status == 200
-        assert chat(Client(workers_app.url, verbose=False), "Say hi.", C)
-        assert closed.wait(60), "a header sent one byte a second was never cut off"
-    finally:
-        for s in idle:
-            s.close()
-        slow.close()
-    assert "Too many open files" not in workers_app.log_path.read_text(errors="replace")
+    assert replies >= 10, "replies from both workers are counted"
 
 
 @pytest.mark.browser
@@ -379,106 +265,6 @@ def test_a_browser_switches_presets_and_stays_with_its_worker(browser, workers_a
     page.screenshot(path=str(OUTPUT / "ui-workers-switched.png"))
     assert {c["name"]: c["value"] for c in context.cookies()}.get(COOKIE) == cookie
     context.close()
-
-
-# --- one visitor, one voice --------------------------------------------------------------------
-
-
-def fresh_voter_cookie(url: str) -> str:
-    """A new voter cookie, as a client that drops its cookies gets with its next answer."""
-    with urllib.request.urlopen(url + "livez", timeout=10) as response:
-        cookies = response.headers.get_all("Set-Cookie") or []
-    return next(c.split(";")[0].split("=", 1)[1] for c in cookies if c.startswith(f"{VOTER_COOKIE}="))
-
-
-@pytest.mark.browser
-def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, workers_app):
-    from tests.test_browser_compare import set_number, watch_columns
-
-    # Both engines running before the page's first comparison: only two fit in the budget, so the
-    # first one otherwise waited for two engine starts in a row (up to 80 s each on CI's two cores
-    # while a browser runs), which the page's wait per comparison is not about. From this machine,
-    # so the warm-up is no vote of the visitor's and no comparison the page sees.
-    Client(workers_app.url, verbose=False).predict(
-        [B, C], True, "Say hi.", [{"max_tokens": 2}, {"max_tokens": 2}], api_name="/compare")
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(stranger_url(workers_app))
-    page.get_by_role("tab", name="Compare").click()
-    page.locator("#compare-prompt textarea").wait_for()
-    presets = page.locator("#compare-presets")
-    # Each pick waits for the tab's answer: the page drops a second pick sent while the first is on
-    # its way, and that answer (one picked) would then untick C again.
-    page.locator("#compare-heading-1").wait_for(state="visible")  # drawn, so that "hidden" below is the pick's answer
-    presets.get_by_label(A, exact=True).uncheck()
-    page.locator("#compare-heading-1").wait_for(state="hidden")
-    presets.get_by_label(C, exact=True).check()
-    page.locator("#compare-heading-1").wait_for(state="visible")
-    page.locator("#compare-blind input").check()
-    page.locator("#compare-settings").get_by_text("Settings per preset").click()
-    set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")
-    # All but the last of the hour's votes as the same visitor (the page's voter cookie) through the
-    # API, which is quicker than the page; the page then casts the last one and is refused the next.
-    # Four at once, each its own session with the page's cookie, as four tabs of one visitor.
-    voter = next(c["value"] for c in context.cookies() if c["name"] == VOTER_COOKIE)
-    settings = {"max_tokens": 2, "temperature": 0.0}
-
-    def votes(first: int) -> list[bool]:
-        api = Client(stranger_url(workers_app), verbose=False, httpx_kwargs={"cookies": {VOTER_COOKIE: voter}})
-        cast = []
-        for i in range(first, VOTES_PER_VOTER - 1, 4):
-            api.predict([B, C], True, f"Say the letter {i}.", [settings, settings], api_name="/compare")
-            cast.append(api.predict("A", None, api_name="/vote")["ok"])
-        return cast
-
-    with ThreadPoolExecutor(4) as pool:
-        cast = [ok for some in pool.map(votes, range(4)) for ok in some]
-    assert len(cast) == VOTES_PER_VOTER - 1 and all(cast), cast
-    said = []
-    for i in range(2):
-        if i:
-            page.locator("#compare-new").click()
-            page.wait_for_function("document.querySelector('#compare-chat-0 .bot-row') === null")
-        page.locator("#compare-prompt textarea").fill(f"Say the number {i}.")
-        page.locator("#compare-prompt textarea").press("Enter")
-        watch_columns(page, done="Stats are shown after you vote")
-        page.locator("#compare-vote-0").click()
-        page.wait_for_function("/You voted|votes in the last hour|from your network/.test("
-                               "document.querySelector('#compare-status')?.innerText)")
-        said.append(page.locator("#compare-status").inner_text())
-    context.close()
-    assert "You voted" in said[0], said
-    assert TOO_MANY_FROM_VOTER in said[1], said
-
-
-def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(workers_app):
-    """Each vote with a cookie the client dropped and a new session: a new voter every time, but
-    one address; the Leaderboard moves by at most what one address may cast in an hour."""
-    url = stranger_url(workers_app)
-    board = Client(workers_app.url, verbose=False)  # from this machine: reading the leaderboard
-    before = board.predict(True, api_name="/leaderboard")["votes_stored"]
-    settings = {"max_tokens": 2, "temperature": 0.0}
-    attackers = 6  # at once, as an attacker would (and the limit is counted where votes are stored)
-    tries = VOTES_PER_ADDRESS + attackers  # past the address's hour whatever this address cast before
-
-    def replay(first: int) -> list[dict]:
-        client = Client(url, verbose=False)
-        outcomes = []
-        for i in range(first, tries, attackers):
-            client.cookies[VOTER_COOKIE] = fresh_voter_cookie(url)
-            client.reset_session()
-            client.predict([B, C], True, f"Say the number {i}.", [settings, settings], api_name="/compare")
-            outcomes.append(client.predict("A", None, api_name="/vote"))
-        return outcomes
-
-    with ThreadPoolExecutor(attackers) as pool:
-        outcomes = [o for some in pool.map(replay, range(attackers)) for o in some]
-    accepted = [o for o in outcomes if o["ok"]]
-    after = board.predict(True, api_name="/leaderboard")
-    assert len(outcomes) == tries and after["votes_stored"] - before == len(accepted) <= VOTES_PER_ADDRESS
-    assert {o["error"] for o in outcomes if not o["ok"]} == {TOO_MANY_FROM_ADDRESS}
-    assert after["voters"] >= len(accepted), "each dropped cookie was a new voter, and the board counts them"
 
 
 # --- faults ------------------------------------------------------------------------------------

@@ -476,7 +476,7 @@ def app_server(request) -> Iterator[RunningApp]:
 @app_recipe("front_door_app", scope="session")
 def launch_front_door_app(folder: Path) -> RunningApp:
     return launch_app("front-door", "--ui-workers", "2", "--host", "0.0.0.0", "--admin-local",
-                      "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
+                      "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
 
 
 @pytest.fixture(scope="session")

@@ -214,3 +214,29 @@ def test_the_synthetic_prompt_is_about_the_length_asked_and_unique_per_request()
         "Step 2 of 6: fast with 4 simulated users · 12 s left · 30 test requests so far. "
         "Paused: visitors are waiting for the engine, so no new test requests are sent.")
     assert Progress(1, 2, "fast", 1, 3.0, 1).line() == "Step 1 of 2: fast with 1 simulated user · 3 s left · 1 test request so far."
+
+
+def test_opening_the_capacity_tab_enables_stop_for_a_running_test_and_never_disables_it():
+    """The tab's select is answered off the queue, and may land after a run that this page began has
+    enabled Stop: it must not disable it then (the run's later updates would not enable it again:
+    Gradio streams an event's outputs as changes). Seen in a full run under load."""
+    import gradio as gr
+
+    from chat.admin import Admins
+    from chat.capacity_run import CapacityLab
+    from chat.live import ReplyStore
+    from chat.monitor import Monitor
+    from chat.presets import load_presets
+    from chat.registry import EngineRegistry
+    from chat.service import ChatService
+    from chat.ui import build_ui
+
+    registry = EngineRegistry(memory_budget=1e10)  # never started: no engine is needed to build the page
+    service = ChatService(load_presets(), registry, "SmolLM2 135M (CPU)", has_gpu=False)
+    lab = CapacityLab(service)
+    page = build_ui(service, Monitor(registry), ReplyStore(), admins=Admins(frozenset({"admin"})), lab=lab)
+    capacity = next(block for block in page.blocks.values() if isinstance(block, gr.Tab) and block.id == "capacity")
+    (opened,) = [f for f in page.fns.values() if any(t == (capacity._id, "select") for t in f.targets)]
+    assert opened.fn() == gr.skip(), "no test runs: Stop is left as it is"
+    lab.busy = lambda: True  # type: ignore[method-assign]  # another administrator's test runs
+    assert opened.fn().interactive is True

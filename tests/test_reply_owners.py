@@ -133,13 +133,29 @@ async def strangers_get_unknown_id(stranger, request_id: str) -> None:
         assert await refused(stranger, message) == "unknown_id", message
 
 
+def with_cookie(cookie: str | None, more: str | None) -> str | None:
+    return "; ".join(c for c in (cookie, more) if c) or None
+
+
 @pytest.mark.parametrize("who", ["another voter cookie", "another address, no cookie"])
-async def test_another_visitor_cannot_watch_resume_cancel_or_take_over_a_reply(app_server, who):
+@pytest.mark.parametrize("workers", ["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.uses_app("front_door_app"))])
+async def test_another_visitor_cannot_watch_resume_cancel_or_take_over_a_reply(request, who, workers):
+    """With two UI workers, the stranger also sends the owner's worker cookie, so that the front door
+    takes both to the worker that holds the reply."""
+    app_server = request.getfixturevalue("app_server" if workers == "one worker" else "front_door_app")
     request_id = f"r-{uuid.uuid4().hex[:8]}"
     if who == "another voter cookie":
         owner_cookie, stranger_cookie, stranger_address = await voter_cookie(app_server), await voter_cookie(app_server), "127.0.0.1"
     else:
         owner_cookie, stranger_cookie, stranger_address = None, None, "127.0.0.2"
+    if workers != "one worker":
+        from chat.front_door import COOKIE as WORKER_COOKIE
+        from chat.front_door import worker_cookie
+        from tests.test_workers import front_door
+
+        secret, ports = front_door(app_server)
+        pin = f"{WORKER_COOKIE}={worker_cookie(secret, ports[1])}"
+        owner_cookie, stranger_cookie = with_cookie(owner_cookie, pin), with_cookie(stranger_cookie, pin)
     async with socket(app_server, owner_cookie) as owner:
         await owner.send(chat(request_id, LONG, sampling={"max_tokens": 120}))
         mine = await first_delta(owner, request_id)

@@ -32,6 +32,58 @@ from tests.test_workers import chat
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
 
 
+# --- one visitor, one share of the engine (first: an async test fails after the module's browser test) --
+
+
+async def test_one_address_s_sockets_on_both_workers_get_one_visitor_s_share(front_door_app):
+    """A stranger's sockets on both workers (each pinned by its worker cookie, no voter cookie) ask for
+    more long replies than one visitor's share (--replies-per-visitor, 16): the share counts across
+    the workers, each reply beyond it gets one sentence, another visitor is served meanwhile, and the
+    stranger's replies end within seconds once their sockets have gone (nobody follows them)."""
+    import asyncio
+
+    import websockets
+
+    from chat.client import websocket_url
+    from chat.front_door import COOKIE, worker_cookie
+    from tests.test_api import chat as chat_message
+    from tests.test_reply_owners import first_delta
+    from tests.test_workers import front_door
+
+    share, asked = 16, 20
+    secret, ports = front_door(front_door_app)
+    url = websocket_url(front_door_app.url)
+    sockets = [await websockets.connect(url, local_addr=("127.0.0.2", 0),
+                                        additional_headers={"Cookie": f"{COOKIE}={worker_cookie(secret, ports[i % 2])}"})
+               for i in range(4)]
+    try:
+        for n in range(asked):
+            await sockets[n % 4].send(chat_message(f"s{n}", "Write a long story.", sampling={"max_tokens": 1000}))
+
+        async def outcome(ws, ids: set[str]) -> list[str]:
+            """Each id's first event other than progress: 'delta' or the error's code."""
+            seen: dict[str, str] = {}
+            async with asyncio.timeout(60):
+                while len(seen) < len(ids):
+                    event = json.loads(await ws.recv())
+                    if event.get("id") in ids and event["id"] not in seen and event["type"] in ("delta", "error"):
+                        seen[event["id"]] = event["type"] if event["type"] == "delta" else event["code"]
+            return list(seen.values())
+
+        found = await asyncio.gather(*(outcome(ws, {f"s{n}" for n in range(i, asked, 4)}) for i, ws in enumerate(sockets)))
+        flat = [o for some in found for o in some]
+        assert flat.count("delta") == share and flat.count("too_many_replies") == asked - share, found
+        async with websockets.connect(url, local_addr=("127.0.0.3", 0)) as other:
+            await other.send(chat_message("other", "Say a single word."))
+            assert (await first_delta(other, "other"))[-1]["type"] == "delta"
+    finally:
+        for ws in sockets:
+            await ws.close()
+    # Their replies run on, to be resumed, for the app's --resume-grace-s (5 s here), then end.
+    status = await asyncio.to_thread(front_door_app.wait_idle, 30)
+    assert all(not (e["running"] or e["waiting"] or e["unfinished"] or e["streams"]) for e in status["engines"]), status
+
+
 # --- votes: one visitor, one voice (the page's test first: the next one spends the address's hour) --
 
 

@@ -77,9 +77,11 @@ def build_ui(
 
                 demo.load(show_capacity, None, [capacity_page], **QUIET)
                 # Stop works for a test already running when the page opens (a reload, a second admin).
-                # Off the queue, this answer may land after a run this page began has enabled Stop:
-                # the run's progress, twice a second, enables it again (chat/ui/capacity_tab.py).
-                capacity_page.select(lambda: gr.Button(interactive=lab.busy()), None, [capacity.stop_button], **QUIET)
+                # It only ever enables: off the queue, this answer may land after a run this page began
+                # has enabled Stop, and the run's later updates would not enable it again (Gradio sends
+                # a streaming event's outputs as changes, and to the run nothing changed).
+                capacity_page.select(lambda: gr.Button(interactive=True) if lab.busy() else gr.skip(), None,
+                                     [capacity.stop_button], **QUIET)
         # A share link (?p=...) opens Compare as a click on its tab would; once made, the tab reads
         # the link (CompareTab.open_link). In the browser: a page without a link sends nothing.
         demo.load(None, js=OPEN_SHARED_LINK, api_visibility="private")

@@ -186,9 +186,7 @@ class CapacityTab:
         try:
             async with contextlib.aclosing(run.run()) as progresses:  # closing the tab's turn stops the test
                 async for progress in progresses:
-                    # Stop, with every progress line: the tab's select, answered over another connection,
-                    # could land after the first update and disable it (chat/ui/__init__.py).
-                    update: dict[Any, Any] = {self.progress: progress.line(), self.stop_button: gr.Button(interactive=True)}
+                    update: dict[Any, Any] = {self.progress: progress.line()}
                     if len(run.steps) != shown:
                         shown = len(run.steps)
                         report = run.report()

@@ -129,6 +129,21 @@ def wait_for_one_new_reply(page, old_title: str) -> None:
     )
 
 
+def test_stop_shows_while_the_page_s_own_reply_is_written_over_its_socket(page, app_server):
+    """The page itself says when the reply it began is being written (live.js's data-writing), and
+    Stop shows then, not only while Gradio's turn looks busy: a full run on a busy machine once wrote
+    a whole reply on the real engine with Stop hidden (not reproduced here: Gradio's states show it
+    too on an idle machine; this checks the page's own signal, from the first text to the stop)."""
+    send(page, "Write a long story about a lighthouse.")  # the stand-in writes it to Max tokens
+    page.wait_for_function(f"(document.querySelector({REPLY_TEXT!r})?.innerText || '').length > 40", timeout=30_000)
+    assert page.locator("html[data-writing]").count() == 1 and page.locator("#stop").is_visible()
+    page.locator("#stop").click()
+    watch_reply(page, "stopped by you", within_s=30)
+    page.wait_for_function("!document.documentElement.hasAttribute('data-writing')")
+    assert page.locator("#stop").is_hidden()
+    assert app_server.wait_idle()["engines"][0]["running"] == 0
+
+
 def test_retry_writes_a_new_reply_with_new_stats(real_page):
     send(real_page, "Name one planet.", max_tokens=SHORT)
     watch_reply(real_page, REPLIED)

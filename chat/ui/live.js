@@ -156,6 +156,14 @@
     return new URL("chat", base).href;
   }
 
+  // While the reply this page began is being written, the page shows Stop (chat/ui/style.py), not
+  // only while Gradio's turn shows it busy: a full run on a busy machine wrote a whole reply over
+  // the socket with Stop hidden.
+  function writing() {
+    const reply = replies.get(latestBegun);
+    document.documentElement.toggleAttribute("data-writing", Boolean(reply && !reply.done && retry < GIVE_UP));
+  }
+
   function send(message) {
     if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(message));
   }
@@ -180,6 +188,7 @@
         later(message.id);
       } else if (message.type === "done" || message.type === "error") {
         reply.done = true;
+        writing();
       }
     };
     socket.onclose = () => {
@@ -192,6 +201,7 @@
             box.replaceChildren();
             delete box.dataset.drawn;
           }
+          writing();
         }
         setTimeout(connect, Math.min(5000, 250 * 2 ** retry));
       }
@@ -212,6 +222,7 @@
     const id = "live-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
     replies.set(id, { deltas: [], done: false, began: true });
     latestBegun = id;
+    writing();
     const sampling = Object.fromEntries(knobs.map((name, i) => [name, knobValues[i]]));
     send({ type: "begin", id, message, history: history || [], preset, system_prompt: systemPrompt, sampling });
     return [...values, id];

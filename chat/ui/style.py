@@ -159,8 +159,10 @@ html { scrollbar-gutter: stable; }
   }
 }
 /* Stop only while a reply is on its way: the message box is disabled, or a line beneath a reply
-   is still busy (waiting for the engine, writing). */
+   is still busy (waiting for the engine, writing), or the reply this page began is still being
+   written over its socket (live.js's data-writing: Gradio's own states can end first). */
 #stop, #compare-stop { display: none; }
+html[data-writing] #stop,
 .gradio-container:has(#message textarea:disabled) #stop,
 .gradio-container:has(#chatbot [aria-busy="true"]) #stop,
 .gradio-container:has([id^="compare-chat-"] [aria-busy="true"]) #compare-stop { display: inline-flex; }

@@ -215,7 +215,7 @@ class Supervisor:
         from prometheus_client import multiprocess
 
         from chat import metrics
-        from chat.control import WorkerState
+        from chat.control import WorkerState, background
 
         asyncio.get_running_loop().remove_reader(process.sentinel)
         if self.ending:
@@ -228,11 +228,18 @@ class Supervisor:
         with contextlib.suppress(OSError):  # not listening
             worker.bound.shutdown(socket.SHUT_RD)
         worker.bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-        log.error("UI worker %d stopped (exit code %s); starting another", worker.index, process.exitcode)
+        background(self.say_ended(worker.index, process))
         worker.state = WorkerState.RESTARTING
         metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
         self.owner.forget(worker.index)
         self.start_worker(worker)
+
+    @staticmethod
+    async def say_ended(index: int, process: BaseProcess) -> None:
+        # The sentinel can close a moment before the kernel has the process's exit status ("exit code
+        # None" was logged once): wait for it off the event loop.
+        await asyncio.to_thread(process.join, 5)
+        log.error("UI worker %d stopped (exit code %s); starting another", index, process.exitcode)
 
     async def serving(self, worker: WorkerProcess) -> None:
         """A worker whose first engine start has ended serves once it listens (at once, as a rule)."""

@@ -137,6 +137,7 @@ def with_cookie(cookie: str | None, more: str | None) -> str | None:
     return "; ".join(c for c in (cookie, more) if c) or None
 
 
+@pytest.mark.app  # its apps are asked for by name (getfixturevalue), so conftest cannot tell its tier
 @pytest.mark.parametrize("who", ["another voter cookie", "another address, no cookie"])
 @pytest.mark.parametrize("workers", ["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.uses_app("front_door_app"))])
 async def test_another_visitor_cannot_watch_resume_cancel_or_take_over_a_reply(request, who, workers):

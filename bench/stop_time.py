@@ -16,14 +16,14 @@ import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 from websockets.sync.client import connect
+
+from bench.procs import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 HELD = [b"GET /gradio_api/queue/data?session_hash=held HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n",
@@ -37,19 +37,6 @@ def burn() -> None:
         pass
 
 
-def ready(port: int, within_s: float = 300) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit("the app was not ready in time")
-
-
 def ended(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -59,12 +46,12 @@ def ended(pid: int) -> bool:
 
 def one_stop(args: argparse.Namespace, log: Path) -> float:
     port = 7990 + os.getpid() % 500
-    with open(log, "w") as out:
-        app = subprocess.Popen([sys.executable, str(args.root / "app.py"), "--port", str(port), "--ui-workers", str(args.workers),
-                                "--votes-db", str(log.with_suffix(".sqlite3")), *args.app_arg],
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=args.root)
+    server = Server("app", [sys.executable, str(args.root / "app.py"), "--port", str(port), "--ui-workers", str(args.workers),
+                            "--votes-db", str(log.with_suffix(".sqlite3")), *args.app_arg], log).start()
+    app = server.process
+    assert app is not None
     try:
-        ready(port)
+        server.wait_http(f"http://127.0.0.1:{port}/healthz", 300)
         held = []
         for request in HELD if args.hold else []:
             held.append(socket.create_connection(("127.0.0.1", port)))

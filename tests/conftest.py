@@ -48,7 +48,6 @@ TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "clie
 REAL_ENGINE_FIXTURES = {
     "real_app": "tests.conftest", "real_page": "tests.conftest", "protected_app": "tests.conftest",
     "registry": "tests.conftest", "engine": "tests.conftest", "workers_app": "tests.test_workers",
-    "small_presets": "tests.test_engine",
 }
 
 
@@ -495,13 +494,15 @@ def front_door_app(request) -> Iterator[RunningApp]:
 
 @app_recipe("real_app", scope="session")
 def launch_real_app(folder: Path) -> RunningApp:
-    return launch_app("real", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"))
+    return launch_app("real", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"),
+                      "--admin-local")
 
 
 @pytest.fixture(scope="session")
 def real_app(request) -> Iterator[RunningApp]:
     """The app on the real engine (the embedded model), for the tests that prove each feature on it
-    (docs/testing.md lists them)."""
+    (docs/testing.md lists them). Its pages on this machine are administrators (`--admin-local`: the
+    capacity test); tests/test_robustness.py kills its engine twice (it restarts)."""
     app = app_for(request)
     yield app
     stop_app(app)
@@ -514,13 +515,14 @@ USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-sec
 @app_recipe("protected_app", scope="session")
 def launch_protected_app(folder: Path) -> RunningApp:
     accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
-    return launch_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(folder / "votes.sqlite3"))
+    return launch_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(folder / "votes.sqlite3"),
+                      stand_in=True)
 
 
 @pytest.fixture(scope="session")
 def protected_app(request) -> Iterator[RunningApp]:
-    """The app behind a login (`--auth`, three accounts, `admin` the administrator), for the tests of
-    logins, administrators, hostile sign-ins and a killed engine. One for the session, whose tests
+    """The app behind a login (`--auth`, three accounts, `admin` the administrator) on the stand-in
+    engine, for the tests of logins, administrators and hostile sign-ins. One for the session, whose tests
     run last (`pytest_collection_modifyitems`): when it started with the first of them and idled
     beside every later test, a Compare test after the capacity tests failed in two full runs of two
     (it passes alone); one per module cost two more starts of a minute each. Failed sign-ins lock an

@@ -1,7 +1,9 @@
 """Administrators in a real browser: the Capacity tab runs a short test on the embedded model, with
-progress, a table, a chart and exports, while every other page says a test is running; a signed-in
-user who is not an administrator sees neither Capacity nor Reset, and the server refuses both when
-asked directly. On conftest's app behind a login (`--auth`), with one administrator (`--admins`)."""
+progress, a table, a chart and exports, while every other page says a test is running (conftest's
+app on the real engine, whose pages on this machine are administrators: `--admin-local`); a
+signed-in user who is not an administrator sees neither Capacity nor Reset, and the server refuses
+both when asked directly (conftest's app behind a login, `--auth`, with one administrator,
+`--admins`, on the stand-in engine)."""
 
 from __future__ import annotations
 
@@ -29,28 +31,34 @@ def admin_app(protected_app):
 
 
 @pytest.fixture
-def signed_in(browser, admin_app):
+def open_page(browser):
+    """Open a page on an app, signed in with `account` first where there is one."""
     contexts = []
 
-    def open_as(account: tuple[str, str]):
+    def open_at(app, account: tuple[str, str] | None = None):
         context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
         contexts.append(context)
-        response = context.request.post(admin_app.url + "login", form={"username": account[0], "password": account[1]})
-        assert response.ok, response.status
+        if account:
+            response = context.request.post(app.url + "login", form={"username": account[0], "password": account[1]})
+            assert response.ok, response.status
         page = context.new_page()
         page.set_default_timeout(30_000)
-        page.goto(admin_app.url)
+        page.goto(app.url)
         page.get_by_role("tab", name="Leaderboard").wait_for()
         return page
 
-    yield open_as
+    yield open_at
     for context in contexts:
         context.close()
 
 
-def test_an_administrator_runs_a_capacity_test_while_other_pages_say_so(signed_in, admin_app):
-    guest = signed_in(GUEST)
-    page, second = signed_in(ADMIN), signed_in(ADMIN)
+@pytest.fixture
+def signed_in(open_page, admin_app):
+    return lambda account: open_page(admin_app, account)
+
+
+def test_an_administrator_runs_a_capacity_test_while_other_pages_say_so(open_page, real_app):
+    guest, page, second = (open_page(real_app) for _ in range(3))
     page.get_by_role("tab", name="Capacity").click()
     page.locator("#capacity-run").wait_for()
     for selector, value in (("#capacity-users", "2"), ("#capacity-step", "5"), ("#capacity-prompt", "32"),

@@ -1,14 +1,20 @@
-"""The registry's sleep-mode decisions. vLLM sleeps only on CUDA, so these unit tests give two engines
-a stand-in for AsyncLLM's sleep and wake-up; bench/gpu_ops.py runs the real thing on a GPU."""
+"""The registry's decisions. Sleep mode: vLLM sleeps only on CUDA, so these unit tests give two engines
+a stand-in for AsyncLLM's sleep and wake-up; bench/gpu_ops.py runs the real thing on a GPU. The memory
+budget, starting once and unloading: on the stand-in engine (tests/stand_in.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
 
 from chat.engine import Engine, EngineState
+from chat.errors import EngineBusy
 from chat.registry import EngineRegistry
+from chat.stats import Finish
+from tests.conftest import small_preset
+from tests.test_stream import reply_to
 
 
 class SleepyLLM:
@@ -72,3 +78,65 @@ async def test_an_engine_with_replies_in_flight_is_not_put_to_sleep(two_sleepy_e
     await b.task
     assert a.state is EngineState.READY and a.llm.calls == []
     assert b.state is EngineState.SLEEPING and isinstance(b.refusal, EngineBusy)
+
+
+@pytest.fixture
+def small_presets(tmp_path):
+    from chat.presets import load_preset
+
+    return [load_preset(small_preset(tmp_path, name, context=context)) for name, context in (("Small A", 1024), ("Small B", 1536))]
+
+
+@pytest.mark.engine
+async def test_budget_concurrency_and_unloading(small_presets):
+    """One registry whose budget holds one small engine, exercised step by step, on the stand-in
+    engine (each engine started is one token source; the real engine's unload is
+    tests/test_workers.py's)."""
+    from bench.token_source import install, uninstall
+    from tests.stand_in import STEP_MS, replies
+
+    first, second = small_presets
+    started = install(step_s=STEP_MS / 1000, replies=replies())
+    registry = EngineRegistry(memory_budget=1.3e9)  # one small engine (~0.8 GB) fits, two do not
+    try:
+        # Many sessions asking at once start the engine once.
+        engines = await asyncio.gather(*(registry.get(first) for _ in range(6)))
+        assert all(e is engines[0] for e in engines)
+        engine_a = engines[0]
+        assert len(started) == 1
+        assert 0.5e9 < engine_a.memory_need < 1.3e9
+
+        # An engine with a stream in flight is not unloaded to make room.
+        reply = reply_to(engine_a, first, "Tell me a long story about owls.", max_tokens=48)
+        stream = reply.stream()
+        await anext(stream)
+        with pytest.raises(EngineBusy) as caught:
+            await registry.get(second)
+        assert caught.value.message == (
+            "Small B cannot be loaded while the other loaded models are in use; "
+            "try again in a minute or pick a preset that is already loaded."
+        )
+        assert engine_a.state is EngineState.READY and len(started) == 1
+        async for _ in stream:
+            pass
+        assert reply.stats.finish is Finish.MAX_TOKENS  # the refusal did not disturb it
+
+        # Idle, it is the least recently used one: it is unloaded and the other starts.
+        engine_b = await registry.get(second)
+        assert engine_a.state is EngineState.CLOSED and engine_b.state is EngineState.READY
+        assert list(registry) == [engine_b] and len(started) == 2
+
+        # Unloading on purpose ends streams in flight with a plain message, without hanging.
+        reply = reply_to(engine_b, second, "Tell me a long story about foxes.", max_tokens=400)
+        stream = reply.stream()
+        await anext(stream)
+        unload = asyncio.create_task(registry.unload(engine_b, "The operator unloaded this model to free memory."))
+        async for _ in stream:
+            pass
+        await asyncio.wait_for(unload, 60)
+        assert reply.stats.finish is Finish.UNLOADED
+        assert reply.notice == "The operator unloaded this model to free memory."
+        assert engine_b.state is EngineState.CLOSED and not list(registry)
+    finally:
+        uninstall()
+        await registry.close_all()

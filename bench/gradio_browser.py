@@ -166,7 +166,13 @@ class Tab:
         return self.root.replace("http://", "ws://").replace("https://", "wss://") + "/chat"
 
     def _cookie(self) -> dict[str, str] | None:
-        return {"Cookie": self.headers["Cookie"]} if "Cookie" in self.headers else None
+        """The cookies a browser sends on the page's sockets: the tab's own (`pin`), else those its
+        HTTP requests carry (the client's jar: a page that pins nobody still gets the visitor's cookie,
+        and its socket must be the same visitor as its turns, or a turn cannot find the reply its page began)."""
+        if "Cookie" in self.headers:
+            return {"Cookie": self.headers["Cookie"]}
+        jar = "; ".join(f"{name}={value}" for name, value in self.http.cookies.items())
+        return {"Cookie": jar} if jar else None
 
     def set(self, elem_id: str, value: Any) -> None:
         self.values[self.page.component(elem_id)] = value
@@ -277,8 +283,7 @@ class Tab:
 
         assert self.watch is not None
         url = self.root.replace("http://", "ws://").replace("https://", "wss://") + "/chat"
-        cookie = {"Cookie": self.headers["Cookie"]} if "Cookie" in self.headers else None
-        async with websockets.connect(url, max_size=None, ping_interval=None, additional_headers=cookie) as socket:
+        async with websockets.connect(url, max_size=None, ping_interval=None, additional_headers=self._cookie()) as socket:
             await socket.send(json.dumps({"type": "watch", "id": reply_id, "after": -1}))
             async for raw in socket:
                 event = json.loads(raw)

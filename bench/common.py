@@ -58,8 +58,36 @@ def user_message(index: int, context_lines: int = 0) -> str:
     return "\n".join(lines)
 
 
-def chat_messages(index: int, context_lines: int = 0) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_message(index, context_lines)}]
+EARLIER_QUESTION = (
+    "Conversation {i}, question {k}: {topic} Before you answer, please take into account what I said in "
+    "message {k} of conversation {i}: I read on a phone, I like plain words, and I would like one concrete example."
+)
+EARLIER_ANSWER = (
+    "Answer {k} in conversation {i}. Here is a plain explanation in a few short steps. First, the main idea: "
+    "it works because each part does one small job and hands the result to the next part, so nothing has to be "
+    "done twice. Second, an example from daily life: think of a kitchen where one person washes, one cuts and one "
+    "cooks, and the meal is ready sooner than if one person did all three. Third, what to watch for: if one step "
+    "is slow, everything after it waits, so look for the slowest step first. Last, a way to check it yourself: "
+    "try it once slowly and once quickly and compare. That is the short version for message {k} of conversation "
+    "{i}; ask again if a step is unclear."
+)
+
+
+def earlier_turns(index: int, turns: int) -> list[dict[str, str]]:
+    """The `turns` - 1 turns a conversation holds before its new message (user, assistant, ...): about
+    60-token questions and 150-token answers of filler, the conversation's number first in each, so
+    that no two conversations share a prefix beyond the system prompt (none is served from the prefix cache)."""
+    out = []
+    for k in range(1, turns):
+        out += [{"role": "user", "content": EARLIER_QUESTION.format(i=index, k=k, topic=TOPICS[(index + k) % len(TOPICS)])},
+                {"role": "assistant", "content": EARLIER_ANSWER.format(i=index, k=k)}]
+    return out
+
+
+def chat_messages(index: int, context_lines: int = 0, turns: int = 1) -> list[dict[str, str]]:
+    """Request `index`'s conversation as the model reads it: the system prompt, its earlier turns, its message."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *earlier_turns(index, turns),
+            {"role": "user", "content": user_message(index, context_lines)}]
 
 
 @dataclass

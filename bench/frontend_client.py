@@ -7,9 +7,10 @@
   ws       the app's own WebSocket API at /chat (bench/http_client.py).
 
 Each turn is a new session (a new tab) that may first be given earlier turns: the page's chat is
-loaded with them and the server's copy synchronised, as after turns taken in that tab. Closed loop:
-`concurrency` readers, each starting its next turn when the last has ended, optionally split over
-client processes. Every turn comes back as a `Turn`, with the moments its reply grew.
+loaded with them and the server's copy synchronised, as after turns taken in that tab (a reader's
+first tab gets them before the burst starts: its person has the conversation open already). Closed
+loop: `concurrency` readers, each starting its next turn when the last has ended, optionally split
+over client processes. Every turn comes back as a `Turn`, with the moments its reply grew.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import httpx
 from bench.gradio_browser import Tab, Watch
 from bench.gradio_page import Page, load_page, message_text
 from bench.gradio_stream import http_client
+from bench.procs import raise_open_files
 from bench.start_line import START_S, start_line, wait_at
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
@@ -68,6 +70,25 @@ def plain_history(history: list[dict[str, Any]]) -> list[dict[str, str]]:
             if m.get("role") in ("user", "assistant") and not (m.get("metadata") or {}).get("title")]
 
 
+def page_history(plain: list[dict[str, str]], turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The inverse of `plain_history`: earlier turns (user, assistant, ...) as the page holds them,
+    each shaped like `turn`, one turn as a page holds it (`capture_chat`: the message, the reply,
+    the app's annotations beneath it, in Gradio's form), with the turn's texts put in."""
+    out: list[dict[str, Any]] = []
+    for question, answer in zip(plain[::2], plain[1::2], strict=True):
+        texts = {"user": question["content"], "assistant": answer["content"]}
+        for message in copy.deepcopy(turn):
+            role = message.get("role")
+            if role in texts and not (message.get("metadata") or {}).get("title"):
+                content = message.get("content")
+                parts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"] if isinstance(content, list) else []
+                message["content"] = [{**parts[0], "text": texts.pop(role)}] if parts else texts.pop(role)
+            out.append(message)
+        if texts:
+            raise ValueError(f"the captured turn has no {' or '.join(texts)} message to shape the earlier turns by")
+    return out
+
+
 async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
     """Give the tab earlier turns: the chat shows them and the server's session holds them."""
     chatbot = tab.page.component("chatbot")
@@ -81,21 +102,26 @@ async def _seed(tab: Tab, history: list[dict[str, Any]]) -> None:
         raise RuntimeError(f"seeding the history failed: {tab.trace.errors}")
 
 
-async def open_tab(http: httpx.AsyncClient, url: str, page: Page, protocol: str) -> Tab:
-    """A tab with its page loaded (and so its UI worker's cookie), before its turn's clock starts."""
+async def open_tab(http: httpx.AsyncClient, url: str, page: Page, protocol: str,
+                   history: list[dict[str, Any]] | None = None) -> Tab:
+    """A tab with its page loaded (and so its UI worker's cookie), before its turn's clock starts;
+    with `history`, its chat holds those earlier turns."""
     tab = Tab(http, url, page, program=protocol == "api")
     await tab.pin()
     if protocol == "browser":  # "browser-late": a page whose socket is not open yet (its turn starts the reply)
         await tab.connect()
+    if history:
+        await _seed(tab, history)
     return tab
 
 
 async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request,
-                       tab: Tab | None = None, protocol: str = "browser") -> Turn:
+                       tab: Tab | None = None, protocol: str = "browser", holds_history: bool = False) -> Turn:
+    """`holds_history`: `tab` holds the request's earlier turns already (`open_tab`)."""
     tab = tab or await open_tab(http, url, page, protocol)
     for elem_id, value in request.settings.items():
         tab.set(elem_id, value)
-    if request.history:
+    if request.history and not holds_history:
         await _seed(tab, request.history)
     seeded = tab.trace.direct + tab.trace.queued
     tab.set("message", request.message)
@@ -108,9 +134,9 @@ async def browser_turn(http: httpx.AsyncClient, url: str, page: Page, index: int
 
 
 async def api_turn(http: httpx.AsyncClient, url: str, page: Page, index: int, request: Request,
-                   tab: Tab | None = None) -> Turn:
+                   tab: Tab | None = None, holds_history: bool = False) -> Turn:
     tab = tab or await open_tab(http, url, page, "api")
-    if request.history:
+    if request.history and not holds_history:
         await _seed(tab, request.history)
     seeded = tab.trace.direct + tab.trace.queued
     event = page.api("chat")
@@ -161,13 +187,14 @@ async def ws_turn(url: str, index: int, request: Request, preset: str, sampling:
 
 def _take(http: httpx.AsyncClient, url: str, page: Page | None, protocol: str, index: int, request: Request,
           ws: dict[str, Any], tab: Tab | None = None) -> Any:
-    """One turn through `protocol`'s door (a coroutine); `tab`: one already open for it."""
+    """One turn through `protocol`'s door (a coroutine); `tab`: one already open for it, holding the
+    request's earlier turns."""
     if protocol == "visitor":
         return visitor_turn(http, url, page, index, request)
     if protocol in ("browser", "browser-late"):
-        return browser_turn(http, url, page, index, request, tab, protocol)
+        return browser_turn(http, url, page, index, request, tab, protocol, holds_history=tab is not None)
     if protocol == "api":
-        return api_turn(http, url, page, index, request, tab)
+        return api_turn(http, url, page, index, request, tab, holds_history=tab is not None)
     return ws_turn(url, index, request, ws["preset"], ws["sampling"])
 
 
@@ -181,25 +208,32 @@ async def _timed(one: Any, index: int) -> Turn:
 
 async def _closed(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
                   ws: dict[str, Any], line: Any = None) -> list[Turn]:
-    """Each reader's first tab loads its page before the burst starts (people who press Enter
-    together already have the page open); later turns open their tab in their reader's time."""
+    """Each reader's first tab loads its page, with its first turn's earlier turns, before the burst
+    starts (people who press Enter together already have the page, and their conversation, open);
+    later turns open their tab in their reader's time."""
+    if not work:
+        return []
     async with http_client(concurrency) as http:
         page = await load_page(http, url) if protocol != "ws" else None
-        todo = list(work)
+        readers = max(1, min(concurrency, len(work)))
+        firsts, todo = list(work[:readers]), list(work[readers:])
         out: list[Turn] = []
-        readers = max(1, min(concurrency, len(todo)))
         first_tabs: list[Tab | None] = [None] * readers
         if page is not None and protocol != "visitor":  # a new visitor loads the page in its own time
-            first_tabs = list(await asyncio.gather(*(open_tab(http, url, page, protocol) for _ in range(readers))))
+            first_tabs = list(await asyncio.gather(*(open_tab(http, url, page, protocol, request.history)
+                                                     for _, request in firsts)))
         await wait_at(line)
 
-        async def reader(tab: Tab | None) -> None:
-            while todo:
-                index, request = todo.pop(0)
+        async def reader(first: tuple[int, Request], tab: Tab | None) -> None:
+            index, request = first
+            while True:
                 out.append(await _timed(_take(http, url, page, protocol, index, request, ws, tab), index))
+                if not todo:
+                    return
+                index, request = todo.pop(0)
                 tab = None
 
-        await asyncio.gather(*(reader(tab) for tab in first_tabs))
+        await asyncio.gather(*(reader(first, tab) for first, tab in zip(firsts, first_tabs, strict=True)))
         return out
 
 
@@ -225,6 +259,7 @@ async def _open(url: str, protocol: str, work: list[tuple[int, Request]], rate: 
 
 def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
            ws: dict[str, Any], rate: float | None = None, line: Any = None) -> list[dict[str, Any]]:
+    raise_open_files()
     if rate:
         return [asdict(t) for t in asyncio.run(_open(url, protocol, work, rate, ws, line))]
     return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws, line))]

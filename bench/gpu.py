@@ -7,9 +7,13 @@ gibberish and only the timings mean anything. In one call, within --deadline sec
   1. writes the model's config (Llama-3-8B geometry, SmolLM2's tokenizer) and a preset for it;
   2. starts the raw engine (bench/raw_engine.py) and one or more app variants (app.py, or
      bench/patched_app.py with another number of Gradio queue slots; --app) side by side on the GPU, each with
-     its own KV-cache budget (kv_cache_memory_bytes) so that they can start together;
-  3. closed loop at each concurrency level, every target in turn (each target first warmed once at the
-     largest level, then each level warmed up before it is measured);
+     its own KV-cache budget (kv_cache_memory_bytes) so that they can start together; or, with --in-turn,
+     the raw engine alone with the whole GPU's cache, measured, stopped (until its GPU memory is free),
+     then the apps alone, measured at the same levels, rounds and rates (the raw engine's share of the
+     time is set so that the apps' phase can repeat every step it measured);
+  3. closed loop at each concurrency level (--rounds N: N rounds of every level), every target in turn
+     (each target first warmed once at the largest level, then each level warmed up before it is
+     measured; with --rounds, once, and not the largest again);
   4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
      first token reaches --ttft-slo-ms, then the app at the highest rate that passed (and the first
      that failed, when time allows); or, with --rate-rounds N, N rounds of the fixed --rates, the raw
@@ -19,19 +23,30 @@ gibberish and only the timings mean anything. In one call, within --deadline sec
      sending its message as the page does; with `timeline=1` the slowest replies' timelines);
   5. writes gpu-<time>.json and prints a table (results also under $OUT when set).
 
+Each conversation may hold earlier turns (--turns N: N - 1 turns of filler before its message,
+bench.common.earlier_turns): the raw engine renders them through the chat template, the page's doors
+hold them in the page's chat (bench/frontend_client.py), as a tab does after those turns.
+
     python3 -m bench.gpu --tok .gpu/tok --out $OUT
+    python3 -m bench.gpu --tok .gpu/tok --in-turn --max-num-seqs 1024 --app w8:ui_workers=8:browser=1:api=0 \
+        --levels 512,1024 --rounds 3 --rates ""          # issue 48, part 1 (bench/gpu_chain.sh: STEPS=readers)
     python -m bench.gpu --shape 135m --cpu-smoke     # the same steps on this machine's CPU engine
+    python -m bench.gpu --shape 135m --cpu-smoke --in-turn --turns 3 --max-num-seqs 8 --levels 2,4 --rounds 2 \
+        --app app:browser=1:api=0 --rates "" --max-tokens 16
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +55,7 @@ from typing import Any
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
 from bench.dummy_model import SHAPES, write_model
 from bench.paths import Target, app_path, browser_path, measure, raw_path, websocket_path
-from bench.procs import ROOT
+from bench.procs import ROOT, raise_open_files
 from bench.run import versions
 from bench.run_log import RunLog
 from chat.presets import load_preset
@@ -150,8 +165,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "each, rising while the raw engine's p99 TTFT stays under --ttft-slo-ms")
     ap.add_argument("--warm-streams", type=int, default=128, help="the first warm-up burst when --levels is empty")
     ap.add_argument("--ttft-slo-ms", type=float, default=800.0)
-    ap.add_argument("--kv-gib", type=float, default=32.0, help="KV cache per engine (two engines share the GPU)")
-    ap.add_argument("--gpu-mem", type=float, default=0.4)
+    ap.add_argument("--kv-gib", type=float, default=None, help="KV cache per engine (default: 32, two engines share "
+                    "the GPU; with --in-turn what fits beside the weights, at most 100: kv_alone)")
+    ap.add_argument("--gpu-mem", type=float, default=None,
+                    help="each engine's gpu_memory_utilization (default 0.4; with --in-turn 0.9)")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="max_num_seqs of every engine, raw and the apps' (default 256; 64 with --cpu-smoke)")
+    ap.add_argument("--in-turn", action="store_true", help="the raw engine alone on the GPU, then the apps alone "
+                    "(each with the whole cache), instead of side by side")
+    ap.add_argument("--turns", type=int, default=1, help="turns in each conversation, the new message's included: "
+                    "N - 1 earlier turns (~60-token questions, ~150-token answers) before it")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every closed-loop level (each level warmed once)")
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
                     help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:late=1][:api=0]"
@@ -164,35 +188,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results")))
     args = ap.parse_args(argv)
     args.apps = args.apps or [AppVariant("app")]
+    if args.gpu_mem is None:
+        args.gpu_mem = 0.9 if args.in_turn else 0.4
+    if args.turns > 1 and any(v.api or v.ws for v in args.apps):
+        ap.error("--turns: only the page's doors carry a conversation's earlier turns; give every --app api=0 "
+                 "(and no ws=1), with browser=1 or visitor=1")
+    if args.in_turn and args.mixed:
+        ap.error("--mixed needs a second engine beside the app's: not with --in-turn")
+    if min(args.turns, args.rounds, args.max_num_seqs or 1) < 1:
+        ap.error("--turns, --rounds and --max-num-seqs are at least 1")
     return args
+
+
+def kv_alone(gpu_mem: float) -> float:
+    """GiB of KV cache for an engine alone on this GPU: gpu_mem of its memory less 17.5 GiB (the 8B
+    shape's 13.75 GiB of weights, activations, CUDA graphs, the sampler), at most the 100 GiB that
+    1,024 readers of ~800 tokens need (128 KiB a token): 54 on an 80 GB H100, 100 on an H200."""
+    try:
+        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=20).stdout.split()
+        return float(min(100, int(int(total[0]) / 1024 * gpu_mem - 17.5)))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 32.0
 
 
 def engine_for(args: argparse.Namespace) -> dict[str, Any]:
     """The preset's engine arguments: a share of the GPU, or a tiny CPU engine for --cpu-smoke."""
     if args.cpu_smoke:
         return {"load_format": "dummy", "dtype": "float32", "max_model_len": 4096, "enforce_eager": True,
-                "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 64}
+                "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": args.max_num_seqs or 64}
+    seqs = args.max_num_seqs or 256
     return {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 4096,
             "gpu_memory_utilization": args.gpu_mem, "kv_cache_memory_bytes": int(args.kv_gib * 2**30),
-            "max_num_seqs": 256, "max_num_batched_tokens": 8192, "seed": 0}
+            "max_num_seqs": seqs, "max_num_batched_tokens": max(8192, seqs), "seed": 0}
 
 
-def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str], int],
-                  started: list[Target]) -> tuple[Target, list[Target]]:
-    """Starts the raw engine and every --app (each server joins `started` as it starts, for the
-    caller to stop); returns the raw engine and the targets to measure, the apps' other doors included."""
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+def compile_env(name: str) -> dict[str, str]:
+    """An engine's environment with its own compile caches (engines that start together compile at
+    the same time; engines started in turn share one, and the later ones load what the first compiled)."""
+    return {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CACHE_ROOT": f"/tmp/vllm-cache-{name}",
+            "TRITON_CACHE_DIR": f"/tmp/triton-{name}"}
+
+
+def start_raw(args: argparse.Namespace, preset: Path, cache: str = "raw") -> Target:
+    return raw_path(preset, args.out / "logs", compile_env(cache), args.context_lines, args.turns)
+
+
+def start_apps(args: argparse.Namespace, preset: Path, count: Callable[[str], int], started: list[Target],
+               cache: str | None = None) -> list[Target]:
+    """Starts every --app (each server joins `started` as it starts, for the caller to stop); returns
+    the targets to measure, the apps' other doors included. `cache`: one compile cache for all (else each its own)."""
     logs = args.out / "logs"
-
-    # Separate compile caches: the engines compile at the same time.
-    def own(name: str) -> dict[str, str]:
-        return {**env, "VLLM_CACHE_ROOT": f"/tmp/vllm-cache-{name}", "TRITON_CACHE_DIR": f"/tmp/triton-{name}"}
-
-    raw = raw_path(preset, logs, own("raw"), args.context_lines)
-    started.append(raw)
     apps = []
     for variant in args.apps:
-        apps.append(app_path(variant.name, preset, logs, own(variant.name), count, args.context_lines,
+        apps.append(app_path(variant.name, preset, logs, compile_env(cache or variant.name), count, args.context_lines,
                              flush_ms=variant.flush_ms, client_procs=args.client_procs,
                              max_threads=variant.max_threads, ui_workers=variant.ui_workers,
                              root=Path(variant.root) if variant.root else None,
@@ -206,25 +255,34 @@ def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str],
             ws.notes["levels"] = variant.levels
             apps.append(ws)
         if variant.browser:
-            browser = browser_path(app, count, args.context_lines, args.client_procs)
+            browser = browser_path(app, count, args.context_lines, args.client_procs, turns=args.turns)
             browser.notes["levels"] = variant.levels
             apps.append(browser)
         if variant.browser and variant.late:
-            late = browser_path(app, count, args.context_lines, args.client_procs, late=True)
+            late = browser_path(app, count, args.context_lines, args.client_procs, late=True, turns=args.turns)
             late.notes["levels"] = (1,)  # one stream's first token, before and after chat/live.py's early replies
             apps.append(late)
         if variant.visitor:  # steady arrivals only; then this app's other doors are not run at rates
-            visitor = browser_path(app, count, args.context_lines, args.client_procs, visitor=True)
+            visitor = browser_path(app, count, args.context_lines, args.client_procs, visitor=True, turns=args.turns)
             visitor.notes.update(levels=(), closed=False, at_rates=True, timeline=app.notes["timeline"])
             for door in apps:
                 if door.notes.get("shares_server_with") == app.name or door is app:
                     door.notes.setdefault("at_rates", False)
             apps.append(visitor)
-    return raw, apps
+    return apps
 
 
-def wait_until_ready(log: RunLog, raw: Target, apps: list[Target], mixed: bool) -> None:
-    """Waits for every app and the raw engine; with a mixed load, also for each app's second engine."""
+def start_targets(args: argparse.Namespace, preset: Path, count: Callable[[str], int],
+                  started: list[Target]) -> tuple[Target, list[Target]]:
+    """Starts the raw engine and every --app side by side (each server joins `started` as it starts,
+    for the caller to stop); returns the raw engine and the targets to measure."""
+    raw = start_raw(args, preset)
+    started.append(raw)
+    return raw, start_apps(args, preset, count, started)
+
+
+def wait_until_ready(log: RunLog, raw: Target | None, apps: list[Target], mixed: bool) -> None:
+    """Waits for every app and the raw engine (if any); with a mixed load, also for each app's second engine."""
     warming = []
     for app in (a for a in apps if a.servers):
         app.servers[0].wait_http(app.notes["url"] + "healthz", timeout=max(60.0, log.left()))
@@ -232,8 +290,9 @@ def wait_until_ready(log: RunLog, raw: Target, apps: list[Target], mixed: bool) 
                   f"flush {app.notes['flush_ms']} ms, UI workers {app.notes.get('ui_workers') or 'auto'}); {gpu_info()}")
         if mixed:
             warming.append(start_in_background(app.notes["url"], SECOND))
-    raw.servers[0].receive(timeout=max(60.0, log.left()))
-    log.event("raw engine ready")
+    if raw is not None:
+        raw.servers[0].receive(timeout=max(60.0, log.left()))
+        log.event(f"raw engine ready; {gpu_info()}")
     for thread in warming:
         thread.join(max(60.0, log.left()))
     if warming:
@@ -248,6 +307,7 @@ class Measurements:
     def __init__(self, args: argparse.Namespace, log: RunLog, our: list[int]) -> None:
         self.args, self.log, self.our = args, log, our
         self.index = 0
+        self.warmed: dict[str, set[int]] = defaultdict(set)  # target -> levels warmed (with --rounds: once each)
 
     def report(self, record: dict[str, Any], label: str) -> None:
         s = record["summary"]
@@ -258,17 +318,17 @@ class Measurements:
                        f"cpu/1k {s['cpu_s_per_1k'] or 0:.3f} s  err {s['errors']}{queue}")
 
     @staticmethod
-    def targets_at(level: int, raw: Target, apps: list[Target]) -> list[Target]:
-        """The raw engine and every measured app path that runs at this level."""
-        return [raw] + [a for a in apps if (not a.notes["levels"] or level in a.notes["levels"])
-                        and a.notes.get("measured", True) and a.notes.get("closed", True)]
+    def targets_at(level: int, raw: Target | None, apps: list[Target]) -> list[Target]:
+        """The raw engine (None: not in this phase) and every measured app path that runs at this level."""
+        return [raw] * (raw is not None) + [a for a in apps if (not a.notes["levels"] or level in a.notes["levels"])
+                                            and a.notes.get("measured", True) and a.notes.get("closed", True)]
 
     @staticmethod
     def at_rates(apps: list[Target]) -> list[Target]:
         """The app doors that run at steady rates: a `visitor` door, else every measured one."""
         return [a for a in apps if a.notes.get("at_rates", a.notes.get("measured", True))]
 
-    def cold_start(self, raw: Target, apps: list[Target]) -> None:
+    def cold_start(self, raw: Target | None, apps: list[Target]) -> None:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
 
         On 2026-12-03 the first 256-stream round after a start was 0.76-0.92x of the next, on the
@@ -281,35 +341,47 @@ class Measurements:
         for target in self.targets_at(top, raw, apps):
             target.run(top, top, 800_000 + self.index, 64)
             self.index += top
+            self.warmed[target.name].add(top)
         self.log.event(f"every target warmed with {top} streams of 64 tokens")
         if self.args.rate_rounds and self.args.rates:  # and each rate door once at the lowest rate, for 5 s
             rate = min(float(x) for x in self.args.rates.split(","))
-            for target in [raw, *self.at_rates(apps)]:
+            for target in [raw] * (raw is not None) + self.at_rates(apps):
                 target.run(0, max(1, int(rate * 5)), 800_000 + self.index, 64, rate=rate)
                 self.index += max(1, int(rate * 5))
                 target.notes.pop("turns", None)
             self.log.event(f"every rate door warmed at {rate:g}/s for 5 s")
 
-    def closed_loop(self, raw: Target, apps: list[Target]) -> None:
-        """Level by level, every target in turn (the order rotates per level)."""
+    def closed_loop(self, raw: Target | None, apps: list[Target],
+                    plan: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+        """Level by level (--rounds N: the levels N times over), every target in turn (the order rotates
+        per step); returns the steps measured, (round, level). `plan`: those steps instead (--in-turn:
+        the apps' phase repeats the raw engine's). Each level is warmed up before it is measured: with
+        --rounds, once per target, and not the level the cold start warmed."""
         args, log = self.args, self.log
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
-        for li, c in enumerate(int(x) for x in args.levels.split(",") if x):
+        levels = [int(x) for x in args.levels.split(",") if x]
+        done: list[tuple[int, int]] = []
+        for step, (r, c) in enumerate(plan if plan is not None else [(r, c) for r in range(args.rounds) for c in levels]):
             if log.left() < 30:
-                log.event(f"deadline: skipping level {c} and later")
+                log.event(f"deadline: skipping level {c} of round {r + 1} and later")
                 break
             targets = self.targets_at(c, raw, apps)
-            turn = li % len(targets)
+            turn = step % len(targets)
             for target in targets[turn:] + targets[:turn]:
-                target.run(c, c, 900_000 + self.index, 8)  # warm-up: new batch shapes compile the sampler
-                self.index += c
-                time.sleep(1)
+                if args.rounds == 1 or c not in self.warmed[target.name]:
+                    target.run(c, c, 900_000 + self.index, 8)  # warm-up: new batch shapes compile the sampler
+                    self.index += c
+                    self.warmed[target.name].add(c)
+                    time.sleep(1)
                 n = base.get(c, c)
                 record = measure(target, c, n, self.index, args.max_tokens, self.our, keep_timelines=False)
                 self.index += n
+                record["round"] = r
                 log.result["closed"].append(record)
                 self.report(record, f"c={c:<3}")
                 log.save()
+            done.append((r, c))
+        return done
 
     def mixed_loads(self, apps: list[Target], preset: Path) -> None:
         """--mixed: on each app's browser door, a burst of chat streams while visitors compare presets."""
@@ -371,36 +443,63 @@ class Measurements:
         self.log.save()
         return record
 
-    def rate_rounds(self, raw: Target, apps: list[Target]) -> None:
+    def rates(self, raw: Target | None, apps: list[Target], plan: list[Any] | None = None) -> list[Any]:
+        """Steady arrivals: --rate-rounds or the rising search; returns what the apps are to repeat
+        without the raw engine (`plan`, --in-turn)."""
+        if self.args.rate_rounds:
+            return self.rate_rounds(raw, apps, plan)
+        return self.rate_search(raw, apps, plan)
+
+    def rate_rounds(self, raw: Target | None, apps: list[Target],
+                    plan: list[tuple[float, int]] | None = None) -> list[tuple[float, int]]:
         """--rate-rounds rounds of every --rates rate (the raw engine and each rate door in turn, the
         order rotating), then --rates-beyond, rising, one round each while the raw engine holds
-        --ttft-slo-ms. A rate where the raw engine misses it ends the rising: the app is not run there."""
+        --ttft-slo-ms. A rate where the raw engine misses it ends the rising: the app is not run there.
+        Returns the (rate, round) runs the apps are to have; `plan`: only those, without the raw engine."""
         args, log = self.args, self.log
-        doors = [raw, *self.at_rates(apps)]
+        doors = [raw] * (raw is not None) + self.at_rates(apps)
+        if plan is not None:
+            for rate, repeat in plan:
+                if log.left() < args.rate_seconds + 20:
+                    log.event(f"deadline: no more rates (next {rate:g}/s, round {repeat + 1})")
+                    break
+                for target in doors:
+                    self.at_rate(target, rate, repeat)
+            return plan
+        assert raw is not None
+        done: list[tuple[float, int]] = []
         rates = [float(x) for x in args.rates.split(",") if x]
         turn = 0
         for repeat in range(args.rate_rounds):
             for rate in rates:
                 if log.left() < args.rate_seconds + 20:
                     log.event(f"deadline: round {repeat + 1} stops before {rate:g}/s")
-                    return
+                    return done
                 for target in doors[turn % len(doors):] + doors[:turn % len(doors)]:
                     self.at_rate(target, rate, repeat)
+                done.append((rate, repeat))
                 turn += 1
         for rate in (float(x) for x in args.rates_beyond.split(",") if x):
             if log.left() < 2 * (args.rate_seconds + 10):
                 log.event(f"deadline: no run at {rate:g}/s")
-                return
+                return done
             if self.at_rate(raw, rate, 0)["p99_ttft_ms"] >= args.ttft_slo_ms:
                 log.event(f"the raw engine's p99 first token passed {args.ttft_slo_ms:g} ms at {rate:g}/s: no higher rate")
-                return
+                return done
             for target in doors[1:]:
                 self.at_rate(target, rate, 0)
+            done.append((rate, 0))
+        return done
 
-    def rate_search(self, raw: Target, apps: list[Target]) -> None:
+    def rate_search(self, raw: Target | None, apps: list[Target], plan: list[float] | None = None) -> list[float]:
         """Steady arrivals on the raw engine, rising, until p99 TTFT passes the objective; then each
-        app at the highest rate that passed and the first that failed."""
+        app at the highest rate that passed and the first that failed (returned); `plan`: the apps at
+        those rates, without the raw engine."""
         args, log = self.args, self.log
+        if plan is not None:
+            self.apps_at(apps, plan)
+            return plan
+        assert raw is not None
         best: float | None = None
         failed: float | None = None
         for rate in (float(x) for x in args.rates.split(",") if x):
@@ -414,10 +513,15 @@ class Measurements:
                 failed = rate
                 break
         log.result["best_raw_rate"] = best
-        for rate in [r for r in (best, failed) if r]:
+        chosen = [r for r in (best, failed) if r]
+        self.apps_at(apps, chosen)
+        return chosen
+
+    def apps_at(self, apps: list[Target], rates: list[float]) -> None:
+        for rate in rates:
             for app in self.at_rates(apps):
-                if log.left() < args.rate_seconds + 30:
-                    log.event(f"deadline: {app.name} not run at {rate}/s")
+                if self.log.left() < self.args.rate_seconds + 30:
+                    self.log.event(f"deadline: {app.name} not run at {rate}/s")
                     continue
                 self.at_rate(app, rate)
 
@@ -460,6 +564,67 @@ def readers(timelines: list[dict[str, Any]]) -> dict[str, float]:
     return {"mean": round(area / (last - lo), 1) if last > lo else float(most), "max": most}
 
 
+# --in-turn: the raw engine alone, then the apps alone. The raw engine gets this share of the time
+# left once it is ready (less APP_START_S), so that the apps' phase, whose rounds cost more (pages
+# loaded, client processes started), can repeat every step it measured.
+RAW_SHARE = 0.42
+APP_START_S = 90.0  # the raw engine stopped, its memory freed, the apps and their engine started (compile cache warm)
+
+
+def in_turn(args: argparse.Namespace, log: RunLog, preset: Path, count: Callable[[str], int],
+            started: list[Target]) -> None:
+    """--in-turn: the raw engine alone on the GPU, measured, stopped until its GPU memory is free;
+    then the apps alone, measured at the steps the raw engine was (levels, rounds, rates)."""
+    before = gpu_used_mib()
+    log.event(f"starting the raw engine alone; {log.result['gpu']}")
+    raw = start_raw(args, preset, cache="shared")
+    started.append(raw)
+    wait_until_ready(log, raw, [], False)
+    steps = Measurements(args, log, our=[raw.servers[0].pid, os.getpid()])
+    deadline = log.deadline
+    log.deadline = min(deadline, time.monotonic() - log.t_start + max(0.0, log.left() - APP_START_S) * RAW_SHARE)
+    log.event(f"the raw engine's steps start until {log.deadline:.0f} s")
+    try:
+        steps.cold_start(raw, [])
+        closed = steps.closed_loop(raw, [])
+        rates = steps.rates(raw, [])
+    finally:
+        log.deadline = deadline
+    raw.servers[0].stop(grace=15)
+    wait_gpu_free(log, before)
+    log.event(f"starting {len(args.apps)} app(s) alone")
+    apps = start_apps(args, preset, count, started, cache="shared")
+    wait_until_ready(log, None, apps, False)
+    steps.our = [t.servers[0].pid for t in started if t.servers and t.servers[0].alive()] + [os.getpid()]
+    steps.cold_start(None, apps)
+    steps.closed_loop(None, apps, plan=closed)
+    steps.rates(None, apps, plan=rates)
+
+
+def gpu_used_mib() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return int(out[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def wait_gpu_free(log: RunLog, before: int | None, timeout: float = 120.0) -> None:
+    """Until the GPU holds no more than it did before the raw engine started (+ 1 GiB), for `timeout` at most."""
+    t0 = time.monotonic()
+    while (used := gpu_used_mib()) is not None and before is not None and used > before + 1024:
+        if time.monotonic() - t0 > timeout:
+            log.event(f"the GPU still holds {used} MiB ({before} before the raw engine) after {timeout:.0f} s: going on")
+            return
+        time.sleep(1)
+    if used is None or before is None:
+        log.event("the raw engine stopped (no GPU memory to wait for)")
+    else:
+        log.event(f"the raw engine stopped; the GPU holds {used} MiB ({before} before it started), after "
+                  f"{time.monotonic() - t0:.1f} s")
+
+
 def stop_all(started: list[Target], log: RunLog, folder: Path) -> None:
     """Stops every server, saves the result, and keeps each server's last log lines in `folder`."""
     for target in started:
@@ -472,10 +637,59 @@ def stop_all(started: list[Target], log: RunLog, folder: Path) -> None:
             tail.write_text(server.log_tail(200))
 
 
+def spread(values: list[float]) -> dict[str, float] | None:
+    values = [v for v in values if not math.isnan(v)]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+
+
+def level_rounds(closed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each level's rounds per app path against the raw engine's: the k-th round of a path paired with
+    the raw engine's k-th at that level; tok/s and p99 first token as ratios (median and range)."""
+    rounds: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in closed:
+        rounds[(record["concurrency"], record["path"])].append(record["summary"])
+    rows = []
+    for (level, path), mine in sorted(rounds.items()):
+        raws = rounds.get((level, "raw"), [])
+        if path == "raw" or not raws:
+            continue
+        pairs = list(zip(raws, mine, strict=False))
+        rows.append({
+            "streams": level, "path": path, "rounds": len(pairs),
+            **{f"{side}{key}": [round(pair[i][key], 1) for pair in pairs]  # NaN where a round had no reply
+               for i, side in ((0, "raw_"), (1, "")) for key in ("tok_s", "ttft_p50_ms", "ttft_p99_ms")},
+            "tok_s_x_raw": spread([a["tok_s"] / w["tok_s"] for w, a in pairs if w["tok_s"]]),
+            "ttft_p99_x_raw": spread([a["ttft_p99_ms"] / w["ttft_p99_ms"] for w, a in pairs if w["ttft_p99_ms"]]),
+            "errors": sum(a["errors"] for _, a in pairs), "raw_errors": sum(w["errors"] for w, _ in pairs),
+        })
+    return rows
+
+
+def rounds_table(rows: list[dict[str, Any]]) -> str:
+    def x(s: dict[str, float] | None) -> str:
+        return f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]" if s else "-"
+
+    def each(values: list[float]) -> str:
+        return ", ".join(format(v, ",.0f") if not math.isnan(v) else "-" for v in values)
+
+    lines = ["| streams | path | rounds | raw tok/s | path tok/s | tok/s x raw: median [range] | raw TTFT p50 / p99, ms "
+             "| path TTFT p50 / p99, ms | p99 TTFT x raw: median [range] | errors (path, raw) |",
+             "| ---: | --- | ---: | --- | --- | ---: | --- | --- | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['streams']} | {r['path']} | {r['rounds']} | {each(r['raw_tok_s'])} | {each(r['tok_s'])} "
+                     f"| {x(r['tok_s_x_raw'])} | {each(r['raw_ttft_p50_ms'])} / {each(r['raw_ttft_p99_ms'])} "
+                     f"| {each(r['ttft_p50_ms'])} / {each(r['ttft_p99_ms'])} | {x(r['ttft_p99_x_raw'])} "
+                     f"| {r['errors']}, {r['raw_errors']} |")
+    return "\n".join(lines)
+
+
 def print_summary(log: RunLog) -> None:
     result = log.result
     summaries = [Summary(**r["summary"]) for r in result["closed"]]
+    print(f"\n{result['measured']}")
     print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
+    if result.get("levels"):
+        print("\neach path's k-th round against the raw engine's k-th at that level:\n" + rounds_table(result["levels"]))
     for r in result["rates"]:
         print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
               f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s  "
@@ -490,6 +704,9 @@ def print_summary(log: RunLog) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
+    raise_open_files()  # for the raw engine's front end too (its children inherit it)
+    if args.kv_gib is None:
+        args.kv_gib = kv_alone(args.gpu_mem) if args.in_turn and not args.cpu_smoke else 32.0
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     cfg = write_model(args.model_dir, args.tok, args.shape)
@@ -503,27 +720,35 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
     count = lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
+    kv = "" if args.cpu_smoke else f", {args.kv_gib:g} GiB of KV cache each"
     log = RunLog(args.out / f"gpu-{stamp}.json", {
         "date": dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu_info(), "versions": versions(),
         "model_config": cfg, "engine": engine, "args": {k: str(v) for k, v in vars(args).items()},
-        "weights": "random (load_format: dummy)", "closed": [], "rates": [], "events": [],
+        "weights": "random (load_format: dummy)", "in_turn": args.in_turn, "turns": args.turns,
+        "measured": (f"measured in turn: the raw engine alone on the {device.upper()}, then the app(s) alone, at the same "
+                     f"levels, rounds and rates{kv}" if args.in_turn else
+                     f"measured side by side: the raw engine and the app(s) on the {device.upper()} together{kv}")
+                    + f"; max_num_seqs {engine['max_num_seqs']}; {args.turns} turn(s) a conversation",
+        "closed": [], "rates": [], "events": [],
     }, args.deadline, t_start)
     started: list[Target] = []
     try:
-        log.event(f"starting the raw engine and {len(args.apps)} app(s); {log.result['gpu']}")
-        raw, apps = start_targets(args, preset, count, started)
-        wait_until_ready(log, raw, apps, bool(args.mixed))
-        steps = Measurements(args, log, our=[t.servers[0].pid for t in started] + [os.getpid()])
-        steps.cold_start(raw, apps)
-        steps.closed_loop(raw, apps)
-        if args.mixed:
-            steps.mixed_loads(apps, preset)
-        if args.rate_rounds:
-            steps.rate_rounds(raw, apps)
+        if args.in_turn:
+            in_turn(args, log, preset, count, started)
         else:
-            steps.rate_search(raw, apps)
+            log.event(f"starting the raw engine and {len(args.apps)} app(s); {log.result['gpu']}")
+            raw, apps = start_targets(args, preset, count, started)
+            wait_until_ready(log, raw, apps, bool(args.mixed))
+            steps = Measurements(args, log, our=[t.servers[0].pid for t in started] + [os.getpid()])
+            steps.cold_start(raw, apps)
+            steps.closed_loop(raw, apps)
+            if args.mixed:
+                steps.mixed_loads(apps, preset)
+            steps.rates(raw, apps)
     finally:
         stop_all(started, log, args.out)
+        log.result["levels"] = level_rounds(log.result["closed"])
+        log.save()
     print_summary(log)
     return 0
 

@@ -1,21 +1,39 @@
 #!/usr/bin/env bash
-# bench/gpu_chain.sh - two GPU benchmarks back to back on the staged GPU host (../shared/gpu/README.md),
+# bench/gpu_chain.sh - GPU benchmarks back to back on the staged GPU host (../shared/gpu/README.md),
 # longer than one device command may run (10 minutes): `start` starts the chain in a session of its own,
 # which outlives the command, and follows it; `wait` follows it again from the next command (send it at
 # once: the host is kept only ~30 s between commands). What it has written so far goes to $OUT each time.
+# STEPS picks the chain's steps, in order (default: rates).
 #
-#   bash bench/gpu_chain.sh start SECONDS   # carry .gpu/caddy, .gpu/before, .gpu/after, .gpu/tok, .gpu/bin;
-#                                           # after part01 is unpacked
+#   bash bench/gpu_chain.sh start SECONDS   # carry .gpu/caddy, .gpu/after, .gpu/tok, .gpu/bin (and .gpu/before
+#                                           # with ONE_STREAM=1); after part01 is unpacked
 #   bash bench/gpu_chain.sh wait SECONDS
 #
-# 1. steady arrivals through the page's path (issue 48, part 2): the raw engine and the app (eight UI
+# The device commands, one right after the other (.gpu/after: `git archive HEAD app.py chat presets`
+# unpacked there, with `git rev-parse HEAD > .gpu/after/REVISION`):
+#   bash .gpu/bin/device_stage.sh append .gpu/part00                                     # carry .gpu/part00 .gpu/bin
+#   bash .gpu/bin/device_stage.sh append .gpu/part01 && bash .gpu/bin/device_stage.sh unpack   # .gpu/part01 .gpu/bin
+#   STEPS=readers bash bench/gpu_chain.sh start 570     # carry .gpu/caddy .gpu/after .gpu/tok .gpu/bin
+#   bash bench/gpu_chain.sh wait 300                    # no carry; until "chain done"
+# (STEPS=turns for part 3; STEPS="readers turns" for both, then `wait` twice.)
+#
+# rates: steady arrivals through the page's path (issue 48, part 2): the raw engine and the app (eight UI
 #    workers behind Caddy) side by side, 22 GiB of KV cache each, new visitors at 10, 20 and 30 a
 #    second for 30 s, three rounds, then 40 and 50 once each while the raw engine's p99 stays under
 #    800 ms; every app process records its page-reply moments (the slow replies' timelines).
 #    On a GPU under 100 GiB (an H100) the KV cache is 16 GiB each (KV_GIB sets it).
-# 2. with ONE_STREAM=1 only: one stream's first text, the app before one owner per reply (.gpu/before:
+#    With ONE_STREAM=1, then: one stream's first text, the app before one owner per reply (.gpu/before:
 #    `git archive 66125b2 app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw
 #    engine, 6 GiB of KV cache each, rounds interleaved until the chain's time (CHAIN_S after start) is spent.
+# readers: 512 and 1,024 simultaneous new conversations (issue 48, part 1), in turn: the raw engine alone
+#    on the GPU, then the app alone (eight UI workers behind Caddy, the browser's path), each with the
+#    KV cache that fits beside the 8B weights (bench.gpu kv_alone: 100 GiB on an H200, 54 on an 80 GB
+#    H100, where 1,024 readers of ~800 tokens do not all fit at once; KV_GIB sets it), max_num_seqs
+#    1024, three rounds of each level after a cold-start burst of 1,024. About 9 minutes on an H200
+#    (READERS_DEADLINE 560 s), 11 on an H100 (680 s: `wait` once more); estimates, not yet run.
+# turns: conversations that already hold 7 turns (~60-token questions, ~150-token answers) before the
+#    new ~550-token message (issue 48, part 3), 64 and 256 at once, three rounds, in turn as `readers`,
+#    max_num_seqs 256. About 8 minutes on an H200 (TURNS_DEADLINE 500 s), 10 on an H100 (640 s).
 set -uo pipefail
 C=/tmp/chain
 CHAIN_S=${CHAIN_S:-1100}
@@ -31,7 +49,7 @@ follow() {  # follow the chain's log for up to $1 seconds, then copy what it has
   sed -n "$((shown + 1)),\$p" $C/log
   [[ -f $C/done ]] && echo "chain done: $(cat $C/done)" || echo "chain still running after $(( $(date +%s) - $(cat $C/t0) )) s"
   mkdir -p "$OUT"
-  for step in rates one; do
+  for step in rates one readers turns; do
     for f in $C/$step/gpu-*.json; do [[ -f $f ]] && cp "$f" "$OUT/$step.json"; done
     [[ -d $C/$step ]] && tar -C $C/$step -czf "$OUT/$step-logs.tgz" --exclude='gpu-*.json' . 2>/dev/null
   done
@@ -62,10 +80,15 @@ run)
          HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False VLLM_USE_FLASHINFER_SAMPLER=0
   t0=$(cat $C/t0)
   caddy version; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
-  echo "code: $(cat .gpu/after/REVISION); before: $(cat .gpu/before/REVISION)"; nproc; date -u
+  echo "code: $(cat .gpu/after/REVISION); before: $(cat .gpu/before/REVISION 2>/dev/null || echo -); steps: ${STEPS:-rates}"
+  nproc; date -u
   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  kv_gib=${KV_GIB:-$(( gpu_mib > 100000 ? 22 : 16 ))}
+  big=$(( gpu_mib > 100000 ))
+  kv_gib=${KV_GIB:-$(( big ? 22 : 16 ))}
   set -x
+  for step in ${STEPS:-rates}; do
+  case $step in
+  rates)
   python3 -m bench.gpu --tok .gpu/tok --kv-gib "$kv_gib" --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
     --levels "" --rates 10,20,30 --rate-rounds 3 --rates-beyond 40,50 --rate-seconds 30 --client-procs 6 \
     --deadline "$RATES_DEADLINE" --out $C/rates
@@ -78,6 +101,20 @@ run)
     --app after:ui_workers=8:browser=1:api=0:root=. --app before:ui_workers=8:browser=1:api=0:root=.gpu/before \
     --levels 1,1,1,1,1,1,1,1,1,1,1,1 --requests 1:8 --max-tokens 64 --rates "" --deadline "$left" --out $C/one
   fi
+  ;;
+  readers)
+  python3 -m bench.gpu --tok .gpu/tok --in-turn ${KV_GIB:+--kv-gib "$KV_GIB"} --max-num-seqs 1024 \
+    --app w8:ui_workers=8:browser=1:api=0 --levels 512,1024 --rounds 3 --rates "" --client-procs 6 \
+    --deadline "${READERS_DEADLINE:-$(( big ? 560 : 680 ))}" --out $C/readers
+  ;;
+  turns)
+  python3 -m bench.gpu --tok .gpu/tok --in-turn ${KV_GIB:+--kv-gib "$KV_GIB"} --turns 8 \
+    --app w8:ui_workers=8:browser=1:api=0 --levels 64,256 --rounds 3 --rates "" --client-procs 6 \
+    --deadline "${TURNS_DEADLINE:-$(( big ? 500 : 640 ))}" --out $C/turns
+  ;;
+  *) echo "unknown step $step";;
+  esac
+  done
   set +x
   date -u > $C/done
   ;;

@@ -17,6 +17,7 @@ from bench.common import (
     TOP_K,
     TOP_P,
     Timeline,
+    earlier_turns,
     summarize,
     tokens_per_update,
     user_message,
@@ -39,13 +40,14 @@ class Target:
 # --- the three paths --------------------------------------------------------------------------
 
 
-def raw_path(preset: Path, logs: Path, env: dict[str, str], context_lines: int) -> Target:
+def raw_path(preset: Path, logs: Path, env: dict[str, str], context_lines: int, turns: int = 1) -> Target:
+    """`turns`: each conversation holds `turns` - 1 earlier turns before its message (bench.common.earlier_turns)."""
     server = Server("raw engine", [python(), "-m", "bench.raw_engine", "--preset", str(preset)],
                     logs / "raw_engine.log", env=base_env(env)).start(capture=True)
 
     def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
         op = {"op": "rate" if rate else "run", "concurrency": concurrency, "requests": requests, "rate": rate,
-              "first_index": first, "max_tokens": max_tokens, "context_lines": context_lines}
+              "first_index": first, "max_tokens": max_tokens, "context_lines": context_lines, "turns": turns}
         reply = server.send(op)
         return [Timeline(started=t["started"], arrivals=[tuple(a) for a in t["arrivals"]], tokens=t["tokens"],
                          error=t["error"]) for t in reply["timelines"]]
@@ -149,7 +151,7 @@ def websocket_path(app: Target, preset: Path, count: Callable[[str], int], conte
 
 
 def browser_path(app: Target, count: Callable[[str], int], context_lines: int, client_procs: int = 1,
-                 late: bool = False, visitor: bool = False) -> Target:
+                 late: bool = False, visitor: bool = False, turns: int = 1) -> Target:
     """The same app server (and engine) as `app`, used as a browser uses it: the Chat tab's own
     events on Enter, and the reply's live text over the page's WebSocket (bench/gradio_browser.py);
     bursts (closed loop) or steady arrivals (`rate`), each turn a new tab. `late`: pages whose
@@ -157,20 +159,30 @@ def browser_path(app: Target, count: Callable[[str], int], context_lines: int, c
     turn did before a page began its reply over the socket: chat/live.py). `visitor`: each turn a
     new visitor who loads the page through the front door and mounts it (heartbeat, load events,
     socket) before pressing Enter (bench/frontend_client.py `visitor_turn`), the door for steady
-    arrivals. The last run's turns stay in `notes["turns"]` (their page's moments: marks, begun)."""
+    arrivals. The last run's turns stay in `notes["turns"]` (their page's moments: marks, begun).
+    `turns`: each conversation holds `turns` - 1 earlier turns (the raw engine's, bench.common.earlier_turns)
+    in the page's chat, shaped like one turn the page took (captured at the first run, unmeasured)."""
     protocol = "visitor" if visitor else "browser-late" if late else "browser"
-    from bench.frontend_client import Request, take_turns
+    from bench.frontend_client import Request, capture_chat, page_history, take_turns
 
     url = app.notes["url"]
+    shape: list[dict[str, Any]] = []  # one turn as the page holds it
+
+    def history(index: int) -> list[dict[str, Any]]:
+        if turns <= 1:
+            return []
+        if not shape:
+            shape.extend(capture_chat(url, Request(user_message(0, context_lines), 8, [], {"knob-max_tokens": 8})))
+        return page_history(earlier_turns(index, turns), shape)
 
     def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
-        asks = [Request(user_message(first + i, context_lines), max_tokens, [], {"knob-max_tokens": max_tokens})
+        asks = [Request(user_message(first + i, context_lines), max_tokens, history(first + i), {"knob-max_tokens": max_tokens})
                 for i in range(requests)]
         timelines = []
-        turns = take_turns(url, protocol, asks, concurrency=concurrency, rate=rate,
+        taken = take_turns(url, protocol, asks, concurrency=concurrency, rate=rate,
                            procs=client_procs if concurrency >= 16 or rate else 1)
-        target.notes["turns"] = turns
-        for turn in turns:
+        target.notes["turns"] = taken
+        for turn in taken:
             timeline = Timeline(started=turn.started, tokens=max_tokens, handler_started=turn.process_started)
             grew = [(t, length) for (t, length), (_, before) in zip(turn.updates, [(0, 0), *turn.updates], strict=False)
                     if length > before]

@@ -9,6 +9,8 @@ Driven by bench/run.py over stdin/stdout, one JSON object per line; replies are 
 `@@bench ` so the engine's own log lines on stdout are ignored:
     {"op": "run", "concurrency": 8, "requests": 16, "first_index": 0, "max_tokens": 64}
     {"op": "rate", "rate": 4.0, "requests": 60, "first_index": 0, "max_tokens": 64}
+    (optional in both: "context_lines", the message's filler lines; "turns", the conversation's turns
+    with the new message: bench.common.chat_messages)
     {"op": "quit"}
 
     python -m bench.raw_engine --preset bench/presets/smollm2-135m-cpu-bench.yaml   # then type ops
@@ -80,16 +82,17 @@ def sampling(max_tokens: int) -> Any:
     return sampling_params(values, max_tokens=max_tokens, ignore_eos=True)
 
 
-async def prompts(llm: Any, first: int, count: int, context_lines: int) -> list[Any]:
+async def prompts(llm: Any, op: dict[str, Any]) -> list[Any]:
     from chat.engine import Engine
 
     shim = cast(Engine, SimpleNamespace(llm=llm, _running=lambda: llm, _streams={}))  # rendering needs only these
-    return [(await Engine.render(shim, chat_messages(first + i, context_lines))).rendered for i in range(count)]
+    first, lines, turns = op.get("first_index", 0), op.get("context_lines", 0), op.get("turns", 1)
+    return [(await Engine.render(shim, chat_messages(first + i, lines, turns))).rendered for i in range(op["requests"])]
 
 
 async def closed_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:
     """`concurrency` workers, each sending its next request when its last one ends."""
-    rendered = await prompts(llm, op.get("first_index", 0), op["requests"], op.get("context_lines", 0))
+    rendered = await prompts(llm, op)
     params = sampling(op["max_tokens"])
     queue = list(enumerate(rendered))
     results: list[Timeline | None] = [None] * len(rendered)
@@ -105,7 +108,7 @@ async def closed_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:
 
 async def open_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:
     """Requests sent at a steady rate (one every 1/rate seconds) whatever the engine's state."""
-    rendered = await prompts(llm, op.get("first_index", 0), op["requests"], op.get("context_lines", 0))
+    rendered = await prompts(llm, op)
     params = sampling(op["max_tokens"])
     start = time.monotonic()
     tasks = []

@@ -44,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if catalog.problems else 0
 
     from chat.engine_core import on_cpu
+    from chat.shedding import use_descriptor_limit
 
+    use_descriptor_limit()  # before anything starts: the workers, Caddy and the engines inherit it
     workers = settings.ui_workers(args, has_gpu=not on_cpu())
     if workers > 1:
         from chat.supervisor import supervise

@@ -13,8 +13,9 @@ Caddyfile written here:
   WebSocket API and its resume) go by the client's address (`client_ip_hash`), so curl's two
   requests reach one worker; page loads and everything else go round the workers in turn.
 - Server-sent events flushed at once; WebSockets; the client's address passed on in
-  `X-Forwarded-For` (Caddy replaces whatever a client sent there); timeouts on request heads and
-  idle connections; a cap on connections to each worker; each worker's `/livez` checked every
+  `X-Forwarded-For` (Caddy replaces whatever a client sent there); timeouts on request heads, bodies
+  and idle connections (a worker's 408 for a late body closes the visitor's connection); a cap on
+  connections to each worker; each worker's `/livez` checked every
   second; a request that finds its worker down is tried on another for up to 5 s.
 """
 
@@ -45,6 +46,9 @@ BY_ADDRESS = ("/gradio_api/call/*", "/gradio_api/queue/*", "/gradio_api/upload*"
 HEAD_TIMEOUT_S = 10
 # A request's head and body must both have arrived this long after it began (Go's ReadTimeout, which
 # Caddy calls read_body): a body gets what the head left of it, as chat/shedding.py gives one alone.
+# A worker ends a body late by its own BODY_WITHIN_S first (408): Caddy passes that on with
+# `Connection: close`, at once (without it Go's server held the answer until this limit ran out, then
+# kept the visitor's connection as an idle one for IDLE_TIMEOUT_S more: 50 s in all).
 REQUEST_READ_S = HEAD_TIMEOUT_S + BODY_WITHIN_S
 IDLE_TIMEOUT_S = 30  # a browser opens a new connection for free; an idle one holds a descriptor
 # At a stop, how long Caddy may take before it is killed. It waits for open requests for ever (an open
@@ -106,6 +110,11 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 				dial_timeout 2s
 				keepalive {UPSTREAM_IDLE_S}s
 				max_conns_per_host {MAX_CONNS_PER_WORKER}
+			}}
+			@late status 408
+			handle_response @late {{
+				header Connection close
+				copy_response
 			}}
 		}}"""
 

@@ -19,6 +19,10 @@ body's time limit.
   either way the connection is closed.
 - A client that goes away before its body has arrived is one INFO line
   (chat/ui/gradio_errors.py `body_not_received`), not Starlette's ClientDisconnect traceback.
+- **The descriptor limit raised at start** (`use_descriptor_limit`, app.py): a soft limit of 1,024
+  (systemd's and Docker's default, kept for programs that use select()) no longer caps the app where
+  the hard limit is higher; every process the app starts inherits it, and Caddy (a Go program)
+  raises its own. A hard limit is the operator's to set (docs/operating.md, Limits).
 
 uvicorn's names used here (it is Gradio's server, set up in chat/ui/gradio_internals.py, item 6):
 a protocol's `server_state.connections` (the open connections, HTTP and WebSocket) and each one's
@@ -47,6 +51,9 @@ MAX_UPLOAD_BYTES = 2 * 1024 * 1024  # the page takes no uploads; Gradio refuses 
 UPLOAD_PATH = "/gradio_api/upload"
 SHARE_OF_DESCRIPTORS = 4  # an address may hold a quarter of them
 REPORT_EVERY_S = 60.0
+# The soft limit the app raises itself to, where the hard limit allows: as vLLM's own API server does
+# (vllm.utils.system_utils.set_ulimit, 65,535), far above what four UI workers' connections need.
+DESCRIPTORS_WANTED = 65536
 LINGER_S = 2.0  # how long the rest of a body refused unread is read and dropped
 
 TOO_MANY_CONNECTIONS = "Too many connections from your address at once; close some and try again in a few seconds."
@@ -55,8 +62,20 @@ BODY_TOO_SLOW = "This request's body did not arrive within {:.0f} s; the connect
 SCOPE_KEY = "chat.body"  # what BodyLimits noted about the request, for the ClientDisconnect handler
 
 
+def use_descriptor_limit() -> int:
+    """Raise this process's soft limit on open files towards its hard limit (at most
+    DESCRIPTORS_WANTED), as every Go program does for itself at start; returns the soft limit now.
+    Nothing the app runs waits with select() (asyncio, ZeroMQ and httpcore poll), the reason for 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # macOS refuses more than kern.maxfilesperproc
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def connections_per_address() -> int:
-    """A quarter of this process's descriptor limit (256 under `ulimit -n 1024`)."""
+    """A quarter of this process's descriptor limit (256 under a hard limit of 1,024)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 1 << 20

@@ -23,7 +23,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -303,10 +302,6 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
     # Before anything imports prometheus_client, in this process and the ones it starts.
     (metrics_dir := folder / "metrics").mkdir()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    # Every process may hold as many connections as the machine lets it (a visitor's page holds two).
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         return asyncio.run(Supervisor(args, catalog, count, caddy, folder).run())
     except Exception as exc:

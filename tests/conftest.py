@@ -474,8 +474,17 @@ def app_server(request) -> Iterator[RunningApp]:
 
 @app_recipe("front_door_app", scope="session")
 def launch_front_door_app(folder: Path) -> RunningApp:
-    return launch_app("front-door", "--ui-workers", "2", "--host", "0.0.0.0", "--admin-local",
-                      "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
+    import resource
+
+    # Started under a soft limit of 1,024 open files (the hard one as it is), as systemd and Docker start
+    # a service: the app raises it itself (tests/test_strangers.py's flood). Only the child gets it.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+    try:
+        return launch_app("front-door", "--ui-workers", "2", "--host", "0.0.0.0", "--admin-local", "--resume-grace-s",
+                          str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,16 @@ import argparse
 import asyncio
 import resource
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from bench.flood import flood
-from chat.shedding import BODY_WITHIN_S, LINGER_S
-from tests.conftest import PROBLEM_LINE, RunningApp, launch_app, stop_app, wait_ready
+from chat.shedding import BODY_WITHIN_S, DESCRIPTORS_WANTED, LINGER_S
+from tests.conftest import PROBLEM_LINE, ROOT, RunningApp, launch_app, stop_app, wait_ready
 
 pytestmark = pytest.mark.app
 
@@ -82,6 +84,22 @@ def test_a_client_gone_mid_upload_is_one_info_line(small_app):
     lines = log_since(small_app, start).splitlines()
     assert [line for line in lines if "went away" in line and " INFO " in line], lines
     assert not (problem := logged_problem(small_app, start)), problem
+
+
+def test_the_app_raises_its_soft_descriptor_limit_as_far_as_the_hard_one_allows():
+    """As a Go program does at start (Caddy too): a soft limit of 1,024 no longer caps the app (the
+    share above follows); a hard one does."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def raised_under(limits: tuple[int, int]) -> int:
+        return int(subprocess.run(
+            [sys.executable, "-c", "from chat.shedding import use_descriptor_limit; print(use_descriptor_limit())"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limits)).stdout)
+
+    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
+    assert raised_under((DESCRIPTORS, hard)) == wanted
+    assert raised_under((DESCRIPTORS, DESCRIPTORS)) == DESCRIPTORS
 
 
 def log_since(app: RunningApp, start: int) -> str:

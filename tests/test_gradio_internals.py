@@ -317,7 +317,7 @@ def test_item_5_the_queues_event_streams(page):
 
 def test_item_6_the_server(page):
     import uvicorn
-    from gradio import blocks, http_server
+    from gradio import blocks, http_server, networking
 
     server, start_server = gradio_internals.GRADIO_SERVER["Server"], gradio_internals.GRADIO_SERVER["start_server"]
     gradio_has("http_server.Server", issubclass(server, uvicorn.Server) and parameters(server.__init__)[:2]
@@ -328,6 +328,43 @@ def test_item_6_the_server(page):
     gradio_has("http_server.start_server", "http_server.start_server(" in inspect.getsource(blocks.Blocks.launch),
                "called by Blocks.launch, looked up on http_server")
     gradio_has("http_server.Server", http_server.Server is gradio_internals._PatientServer, "replaced by install()")
+    url_ok = gradio_internals.GRADIO_SERVER["url_ok"]
+    gradio_has("networking.url_ok", parameters(url_ok) == ["url"], "url_ok(url)")
+    gradio_has("networking.url_ok", "networking.url_ok(self.local_url)" in inspect.getsource(blocks.Blocks.launch),
+               "Blocks.launch's check of its own address, looked up on networking")
+    gradio_has("networking.url_ok", networking.url_ok is gradio_internals._patient_url_ok, "replaced by install()")
+
+
+def test_item_6_launch_waits_for_its_own_address_where_gradio_gave_up_at_once():
+    """The address answers only after a moment (a busy machine's first page): Gradio's check says no at
+    its first failed ask, the app's waits for the answer."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/"
+    assert not gradio_internals.GRADIO_SERVER["url_ok"](url)  # nothing listens yet: Gradio gives up
+    server = HTTPServer(("127.0.0.1", port), Ok)
+    later = threading.Timer(1.0, server.serve_forever)
+    later.start()
+    try:
+        assert gradio_internals._patient_url_ok(url, within_s=30)
+    finally:
+        server.shutdown()
+        later.join()
+        server.server_close()
+    assert not gradio_internals._patient_url_ok(url, within_s=0.3)  # nothing listens again: no
 
 
 def test_item_7_a_subclass_drawn_as_its_base():

@@ -82,6 +82,11 @@ name below still has the shape used, and fails naming it and the Gradio version.
      `_PatientServer.startup` wraps the loaded app (`config.loaded_app`) in the request body's
      limits and, where the app faces clients itself, puts the cap on connections per address in
      front of uvicorn's protocol (`config.http_protocol_class`).
+   - Once listening, `launch()` asks the app's own address (`networking.url_ok`) and refuses to
+     start when no answer comes; Gradio's check gives up at its first 3 s timeout, and on a busy
+     machine (load 15-24 on two cores) a UI worker's first page took longer, so the worker failed to
+     start with an ERROR and a traceback. `install()` puts a check in its place that waits up to
+     `LOCAL_CHECK_S` for the app's own answer (`_patient_url_ok`).
 
 7. Inputs that hand their values to the chat function unchecked (chat/ui/components.py) are
    subclasses the browser must draw as the component they extend (`drawn_as_base`: `is_template`).
@@ -111,12 +116,14 @@ import inspect
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import gradio
-from gradio import http_server
+import httpx
+from gradio import http_server, networking
 from gradio.components import State
 from gradio.state_holder import SessionState
 from starlette.requests import HTTPConnection
@@ -133,6 +140,7 @@ log = logging.getLogger(__name__)
 ComponentT = TypeVar("ComponentT", bound=gradio.components.Component)
 
 IDLE_CONNECTION_S = 20  # item 6
+LOCAL_CHECK_S = 60.0  # item 6: how long launch() waits for the app's own first answer
 CLOSED_SESSIONS_EVERY_S = 2.0  # item 1: how often closed sessions are looked for (~1 ms per 10,000 sessions)
 TESTED = ((6, 31), (6, 32))  # Gradio versions this module was tested with: at least the first, below the second
 _UNSET = object()
@@ -392,6 +400,7 @@ def install() -> None:
         setattr(SessionState, name, function)
     gradio_errors.install()
     http_server.Server = _PatientServer
+    networking.url_ok = _patient_url_ok
 
 
 def enable_queue(demo: gradio.Blocks) -> None:
@@ -449,7 +458,23 @@ def with_parameters(fn: Callable[..., Any], parameters: list[inspect.Parameter])
     fn.__signature__ = inspect.signature(fn).replace(parameters=parameters)  # type: ignore[attr-defined]
 
 
-GRADIO_SERVER: dict[str, Any] = {"Server": http_server.Server, "start_server": http_server.start_server}  # before install, serve_on
+GRADIO_SERVER: dict[str, Any] = {"Server": http_server.Server, "start_server": http_server.start_server,
+                                 "url_ok": networking.url_ok}  # before install, serve_on
+
+
+def _patient_url_ok(url: str, within_s: float | None = None) -> bool:
+    """Item 6: whether `url` answers as Gradio's `networking.url_ok` counts an answer, asked until it
+    does or `within_s` (LOCAL_CHECK_S) has passed, a slow or refused ask included."""
+    deadline = time.monotonic() + (LOCAL_CHECK_S if within_s is None else within_s)
+    while True:
+        try:
+            if httpx.head(url, timeout=10, verify=False).status_code in (200, 401, 301, 302, 303, 307, 308):
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 class _PatientServer(http_server.Server):

@@ -46,9 +46,12 @@ TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "clie
 # defines them (test modules whose tests run on the stand-in engine name theirs `registry` and `engine`
 # too). A test that uses one is marked `real_engine`; `scripts/test --dev` runs every other test.
 REAL_ENGINE_FIXTURES = {
-    "real_app": "tests.conftest", "real_page": "tests.conftest", "protected_app": "tests.conftest",
+    "real_app": "tests.conftest", "real_page": "tests.conftest",
     "registry": "tests.conftest", "engine": "tests.conftest", "workers_app": "tests.test_workers",
 }
+# Tests that scripts/test runs in the real engine's process (marked `beside_real_engine`), which
+# would otherwise end about a minute before the other: the app behind a login's (stand-in engine).
+BESIDE_REAL_ENGINE = {"protected_app"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,6 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if uses_real_engine(item):
             item.add_marker("real_engine")
+        elif BESIDE_REAL_ENGINE & set(getattr(item, "fixturenames", ())):
+            item.add_marker("beside_real_engine")
         if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
         if marked:

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -172,7 +173,22 @@ async def eventually(condition, within_s: float = 15.0, every_s: float = 0.05) -
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free to listen on, below the kernel's range for outgoing connections' own ports: one
+    from that range, free when picked, was taken by a connection (a flood test opens thousands) before
+    the app bound it ("Cannot find empty port")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(10_000, max(low, 10_001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is full: any free one
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

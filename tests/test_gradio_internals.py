@@ -338,9 +338,10 @@ def test_item_6_the_server(page):
 def test_item_6_launch_waits_for_its_own_address_where_gradio_gave_up_at_once():
     """The address answers only after a moment (a busy machine's first page): Gradio's check says no at
     its first failed ask, the app's waits for the answer."""
-    import socket
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from tests.conftest import free_port
 
     class Ok(BaseHTTPRequestHandler):
         def do_HEAD(self) -> None:
@@ -350,9 +351,7 @@ def test_item_6_launch_waits_for_its_own_address_where_gradio_gave_up_at_once():
         def log_message(self, *args: Any) -> None:
             pass
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}/"
     assert not gradio_internals.GRADIO_SERVER["url_ok"](url)  # nothing listens yet: Gradio gives up
     server = HTTPServer(("127.0.0.1", port), Ok)

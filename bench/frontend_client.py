@@ -28,8 +28,8 @@ import httpx
 from bench.gradio_browser import Tab, Watch
 from bench.gradio_page import Page, load_page, message_text
 from bench.gradio_stream import http_client
-from bench.procs import raise_open_files
 from bench.start_line import START_S, start_line, wait_at
+from chat.shedding import use_descriptor_limit
 
 TURN_TIMEOUT_S = 900.0  # a turn that takes longer counts as an error (and cannot hang a run)
 
@@ -259,7 +259,7 @@ async def _open(url: str, protocol: str, work: list[tuple[int, Request]], rate: 
 
 def _shard(url: str, protocol: str, work: list[tuple[int, Request]], concurrency: int,
            ws: dict[str, Any], rate: float | None = None, line: Any = None) -> list[dict[str, Any]]:
-    raise_open_files()
+    use_descriptor_limit()
     if rate:
         return [asdict(t) for t in asyncio.run(_open(url, protocol, work, rate, ws, line))]
     return [asdict(t) for t in asyncio.run(_closed(url, protocol, work, concurrency, ws, line))]

@@ -55,10 +55,11 @@ from typing import Any
 from bench.common import SYSTEM_PROMPT, Summary, pct, ratio_table, table
 from bench.dummy_model import SHAPES, write_model
 from bench.paths import Target, app_path, browser_path, measure, raw_path, websocket_path
-from bench.procs import ROOT, raise_open_files
+from bench.procs import ROOT
 from bench.run import versions
 from bench.run_log import RunLog
 from chat.presets import load_preset
+from chat.shedding import use_descriptor_limit
 
 
 @dataclass
@@ -704,7 +705,7 @@ def print_summary(log: RunLog) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
-    raise_open_files()  # for the raw engine's front end too (its children inherit it)
+    use_descriptor_limit()  # for the raw engine's front end too (its children inherit it)
     if args.kv_gib is None:
         args.kv_gib = kv_alone(args.gpu_mem) if args.in_turn and not args.cpu_smoke else 32.0
     args.out.mkdir(parents=True, exist_ok=True)

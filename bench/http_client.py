@@ -19,8 +19,8 @@ from multiprocessing import get_context
 from typing import Any
 
 from bench.gradio_stream import GradioChat, http_client
-from bench.procs import raise_open_files
 from bench.start_line import START_S, start_line, wait_at
+from chat.shedding import use_descriptor_limit
 
 
 @dataclass
@@ -111,7 +111,7 @@ async def _open(url: str, payloads: list[tuple[int, Any]], rate: float, protocol
 
 def _shard(url: str, payloads: list[tuple[int, Any]], concurrency: int,
            rate: float | None, protocol: str = "gradio", line: Any = None) -> list[Reply]:
-    raise_open_files()
+    use_descriptor_limit()
     if rate:
         return asyncio.run(_open(url, payloads, rate, protocol, line))
     return asyncio.run(_closed(url, payloads, concurrency, protocol, line))

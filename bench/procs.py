@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import queue
-import resource
 import signal
 import socket
 import subprocess
@@ -177,16 +176,6 @@ def tree_cpu_seconds(pids: Sequence[int]) -> float:
                     t = p.cpu_times()
                     total += t.user + t.system
     return total
-
-
-def raise_open_files() -> None:
-    """This process's descriptor limit raised to the hard limit (its children inherit it): a client of
-    a thousand readers holds a few connections each (a page's socket, its event stream, a request
-    beside them), past the common soft limit of 1,024."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def machine_busy_seconds() -> float:

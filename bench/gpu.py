@@ -13,7 +13,9 @@ gibberish and only the timings mean anything. In one call, within --deadline sec
      time is set so that the apps' phase can repeat every step it measured);
   3. closed loop at each concurrency level (--rounds N: N rounds of every level), every target in turn
      (each target first warmed once at the largest level, then each level warmed up before it is
-     measured; with --rounds, once, and not the largest again);
+     measured; with --rounds, once, and not the largest again; with --cold, neither: every round is
+     measured from the first request after the targets are ready, and the first round is compared
+     with the median of the others, per target: issue 48, part 4);
   4. steady arrivals (open loop): rising request rates on the raw engine until its p99 time to
      first token reaches --ttft-slo-ms, then the app at the highest rate that passed (and the first
      that failed, when time allows); or, with --rate-rounds N, N rounds of the fixed --rates, the raw
@@ -30,6 +32,8 @@ hold them in the page's chat (bench/frontend_client.py), as a tab does after tho
     python3 -m bench.gpu --tok .gpu/tok --out $OUT
     python3 -m bench.gpu --tok .gpu/tok --in-turn --max-num-seqs 1024 --app w8:ui_workers=8:browser=1:api=0 \
         --levels 512,1024 --rounds 3 --rates ""          # issue 48, part 1 (bench/gpu_chain.sh: STEPS=readers)
+    python3 -m bench.gpu --tok .gpu/tok --kv-gib 16 --max-num-seqs 256 --app w8:ui_workers=8:browser=1:api=0 \
+        --levels 256 --rounds 4 --cold --rates "" --client-procs 6   # part 4, cold first rounds (STEPS=cold)
     python -m bench.gpu --shape 135m --cpu-smoke     # the same steps on this machine's CPU engine
     python -m bench.gpu --shape 135m --cpu-smoke --in-turn --turns 3 --max-num-seqs 8 --levels 2,4 --rounds 2 \
         --app app:browser=1:api=0 --rates "" --max-tokens 16
@@ -177,6 +181,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=1, help="turns in each conversation, the new message's included: "
                     "N - 1 earlier turns (~60-token questions, ~150-token answers) before it")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of every closed-loop level (each level warmed once)")
+    ap.add_argument("--cold", action="store_true", help="no warm-up of ours: no cold-start burst, no level's warm-up; "
+                    "every round measured from the targets' first request, the first against the others")
+    ap.add_argument("--raw-warm-up", action="store_true",
+                    help="the raw engine runs the app's start-time warm-up before it is ready (bench/raw_engine.py --warm-up)")
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--app", dest="apps", action="append", type=AppVariant.parse, default=[],
                     help="an app to run beside the raw engine, NAME[:max_threads=N][:flush_ms=N][:ui_workers=N][:levels=1/8/..][:ws=1][:browser=1][:late=1][:api=0]"
@@ -232,7 +240,8 @@ def compile_env(name: str) -> dict[str, str]:
 
 
 def start_raw(args: argparse.Namespace, preset: Path, cache: str = "raw") -> Target:
-    return raw_path(preset, args.out / "logs", compile_env(cache), args.context_lines, args.turns)
+    return raw_path(preset, args.out / "logs", compile_env(cache), args.context_lines, args.turns,
+                    warm_up=args.raw_warm_up)
 
 
 def start_apps(args: argparse.Namespace, preset: Path, count: Callable[[str], int], started: list[Target],
@@ -336,7 +345,10 @@ class Measurements:
         raw side too, although the level's 8-token warm-up had run first (docs/benchmarks.md, "Several
         UI workers on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
         compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
-        has not been measured on a GPU."""
+        has not been measured on a GPU. None with --cold: the first rounds are what is measured."""
+        if self.args.cold:
+            self.log.event("--cold: no cold-start burst, no level's warm-up")
+            return
         levels = [int(x) for x in self.args.levels.split(",") if x]
         top = max(levels) if levels else self.args.warm_streams
         for target in self.targets_at(top, raw, apps):
@@ -357,7 +369,7 @@ class Measurements:
         """Level by level (--rounds N: the levels N times over), every target in turn (the order rotates
         per step); returns the steps measured, (round, level). `plan`: those steps instead (--in-turn:
         the apps' phase repeats the raw engine's). Each level is warmed up before it is measured: with
-        --rounds, once per target, and not the level the cold start warmed."""
+        --rounds, once per target, and not the level the cold start warmed; with --cold, never."""
         args, log = self.args, self.log
         base = {int(k): int(v) for k, v in (x.split(":") for x in args.requests.split(",") if x)}
         levels = [int(x) for x in args.levels.split(",") if x]
@@ -369,7 +381,7 @@ class Measurements:
             targets = self.targets_at(c, raw, apps)
             turn = step % len(targets)
             for target in targets[turn:] + targets[:turn]:
-                if args.rounds == 1 or c not in self.warmed[target.name]:
+                if not args.cold and (args.rounds == 1 or c not in self.warmed[target.name]):
                     target.run(c, c, 900_000 + self.index, 8)  # warm-up: new batch shapes compile the sampler
                     self.index += c
                     self.warmed[target.name].add(c)
@@ -379,7 +391,7 @@ class Measurements:
                 self.index += n
                 record["round"] = r
                 log.result["closed"].append(record)
-                self.report(record, f"c={c:<3}")
+                self.report(record, f"c={c:<3}" + (f" round {r + 1}" if args.rounds > 1 else ""))
                 log.save()
             done.append((r, c))
         return done
@@ -684,6 +696,43 @@ def rounds_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def first_rounds(closed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """--cold: each path's rounds at each level in order (tok/s, p99 first token, errors), and its first
+    round against the median of its others (None without others, or where a round had no reply)."""
+    rounds: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for record in closed:
+        rounds[(record["path"], record["concurrency"])].append((record.get("round", 0), record["summary"]))
+
+    def first_x_others(values: list[float]) -> float | None:
+        others = [v for v in values[1:] if not math.isnan(v)]
+        if not others or math.isnan(values[0]) or not statistics.median(others):
+            return None
+        return round(values[0] / statistics.median(others), 3)
+
+    rows = []
+    for (path, level), done in sorted(rounds.items(), key=lambda item: (item[0][0] != "raw", item[0])):
+        summaries = [summary for _, summary in sorted(done, key=lambda item: item[0])]
+        tok_s = [summary["tok_s"] for summary in summaries]
+        p99 = [summary["ttft_p99_ms"] for summary in summaries]
+        rows.append({"path": path, "streams": level, "rounds": len(summaries),
+                     "tok_s": [round(v, 1) for v in tok_s], "ttft_p99_ms": [round(v, 1) for v in p99],
+                     "errors": [summary["errors"] for summary in summaries],
+                     "first_x_others_tok_s": first_x_others(tok_s), "first_x_others_ttft_p99": first_x_others(p99)})
+    return rows
+
+
+def first_rounds_lines(rows: list[dict[str, Any]]) -> list[str]:
+    def x(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    def each(values: list[float]) -> str:
+        return ", ".join(format(v, ",.0f") if not math.isnan(v) else "-" for v in values)
+
+    return [f"{r['path']:<12} c={r['streams']:<4} tok/s {each(r['tok_s'])}; p99 first token {each(r['ttft_p99_ms'])} ms; "
+            f"errors {sum(r['errors'])}; first round / median of the others: tok/s {x(r['first_x_others_tok_s'])}, "
+            f"p99 first token {x(r['first_x_others_ttft_p99'])}" for r in rows]
+
+
 def print_summary(log: RunLog) -> None:
     result = log.result
     summaries = [Summary(**r["summary"]) for r in result["closed"]]
@@ -691,6 +740,9 @@ def print_summary(log: RunLog) -> None:
     print("\n" + table(summaries) + "\n\n" + ratio_table(summaries, "raw"))
     if result.get("levels"):
         print("\neach path's k-th round against the raw engine's k-th at that level:\n" + rounds_table(result["levels"]))
+    if result.get("first_rounds"):
+        print("\n--cold, each path's rounds in order (no warm-up of ours before the first):\n"
+              + "\n".join(first_rounds_lines(result["first_rounds"])))
     for r in result["rates"]:
         print(f"rate {r['rate']:5.1f}/s {r['path']:<12} p99 TTFT {r['p99_ttft_ms']:7.1f} ms  "
               f"p50 {r['summary']['ttft_p50_ms']:7.1f} ms  {r['summary']['tok_s']:6.0f} tok/s  "
@@ -729,7 +781,9 @@ def main(argv: list[str] | None = None) -> int:
         "measured": (f"measured in turn: the raw engine alone on the {device.upper()}, then the app(s) alone, at the same "
                      f"levels, rounds and rates{kv}" if args.in_turn else
                      f"measured side by side: the raw engine and the app(s) on the {device.upper()} together{kv}")
-                    + f"; max_num_seqs {engine['max_num_seqs']}; {args.turns} turn(s) a conversation",
+                    + f"; max_num_seqs {engine['max_num_seqs']}; {args.turns} turn(s) a conversation"
+                    + ("; --cold: no warm-up of ours before the measured rounds" if args.cold else "")
+                    + ("; the raw engine started with the app's warm-up" if args.raw_warm_up else ""),
         "closed": [], "rates": [], "events": [],
     }, args.deadline, t_start)
     started: list[Target] = []
@@ -749,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_all(started, log, args.out)
         log.result["levels"] = level_rounds(log.result["closed"])
+        if args.cold:
+            log.result["first_rounds"] = first_rounds(log.result["closed"])
         log.save()
     print_summary(log)
     return 0

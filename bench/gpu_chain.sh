@@ -15,7 +15,8 @@
 #   bash .gpu/bin/device_stage.sh append .gpu/part01 && bash .gpu/bin/device_stage.sh unpack   # .gpu/part01 .gpu/bin
 #   STEPS=readers bash bench/gpu_chain.sh start 570     # carry .gpu/caddy .gpu/after .gpu/tok .gpu/bin
 #   bash bench/gpu_chain.sh wait 300                    # no carry; until "chain done"
-# (STEPS=turns for part 3; STEPS="readers turns" for both, then `wait` twice.)
+# (STEPS=turns for part 3; STEPS="readers turns" for both, then `wait` twice; STEPS=cold for part 4, then
+# `wait` once or twice.)
 #
 # rates: steady arrivals through the page's path (issue 48, part 2): the raw engine and the app (eight UI
 #    workers behind Caddy) side by side, 22 GiB of KV cache each, new visitors at 10, 20 and 30 a
@@ -34,6 +35,14 @@
 # turns: conversations that already hold 7 turns (~60-token questions, ~150-token answers) before the
 #    new ~550-token message (issue 48, part 3), 64 and 256 at once, three rounds, in turn as `readers`,
 #    max_num_seqs 256. About 8 minutes on an H200 (TURNS_DEADLINE 500 s), 10 on an H100 (640 s).
+# cold: the first rounds after a fresh start (issue 48, part 4): the raw engine and the app (eight UI workers
+#    behind Caddy, the browser's path) started side by side, 16 GiB of KV cache each (22 on an H200),
+#    max_num_seqs 256, four rounds of 256 readers with no warm-up of the benchmark's (bench.gpu --cold):
+#    each side's first round against its others. Twice, each started fresh (compile caches kept): $C/cold
+#    with the raw engine as a user starts it and the app with its own start-time warm-up, then
+#    $C/cold-warm with the raw engine started with that warm-up too (--raw-warm-up). About 15 minutes
+#    (COLD_DEADLINE 440 s each); estimates, not yet run. Both use chat/engine.py's warm_up_requests: .gpu/after
+#    must be archived from a commit that has it.
 set -uo pipefail
 C=/tmp/chain
 CHAIN_S=${CHAIN_S:-1100}
@@ -49,7 +58,7 @@ follow() {  # follow the chain's log for up to $1 seconds, then copy what it has
   sed -n "$((shown + 1)),\$p" $C/log
   [[ -f $C/done ]] && echo "chain done: $(cat $C/done)" || echo "chain still running after $(( $(date +%s) - $(cat $C/t0) )) s"
   mkdir -p "$OUT"
-  for step in rates one readers turns; do
+  for step in rates one readers turns cold cold-warm; do
     for f in $C/$step/gpu-*.json; do [[ -f $f ]] && cp "$f" "$OUT/$step.json"; done
     [[ -d $C/$step ]] && tar -C $C/$step -czf "$OUT/$step-logs.tgz" --exclude='gpu-*.json' . 2>/dev/null
   done
@@ -111,6 +120,13 @@ run)
   python3 -m bench.gpu --tok .gpu/tok --in-turn ${KV_GIB:+--kv-gib "$KV_GIB"} --turns 8 \
     --app w8:ui_workers=8:browser=1:api=0 --levels 64,256 --rounds 3 --rates "" --client-procs 6 \
     --deadline "${TURNS_DEADLINE:-$(( big ? 500 : 640 ))}" --out $C/turns
+  ;;
+  cold)
+  for warm in "" --raw-warm-up; do
+    python3 -m bench.gpu --tok .gpu/tok --kv-gib "$kv_gib" --max-num-seqs 256 --app w8:ui_workers=8:browser=1:api=0 \
+      --levels 256 --rounds 4 --cold $warm --rates "" --client-procs 6 \
+      --deadline "${COLD_DEADLINE:-440}" --out $C/cold${warm:+-warm}
+  done
   ;;
   *) echo "unknown step $step";;
   esac

@@ -40,10 +40,12 @@ class Target:
 # --- the three paths --------------------------------------------------------------------------
 
 
-def raw_path(preset: Path, logs: Path, env: dict[str, str], context_lines: int, turns: int = 1) -> Target:
-    """`turns`: each conversation holds `turns` - 1 earlier turns before its message (bench.common.earlier_turns)."""
-    server = Server("raw engine", [python(), "-m", "bench.raw_engine", "--preset", str(preset)],
-                    logs / "raw_engine.log", env=base_env(env)).start(capture=True)
+def raw_path(preset: Path, logs: Path, env: dict[str, str], context_lines: int, turns: int = 1,
+             warm_up: bool = False) -> Target:
+    """`turns`: each conversation holds `turns` - 1 earlier turns before its message (bench.common.earlier_turns);
+    `warm_up`: the engine runs the app's start-time warm-up before it says ready (bench/raw_engine.py --warm-up)."""
+    argv = [python(), "-m", "bench.raw_engine", "--preset", str(preset)] + ["--warm-up"] * warm_up
+    server = Server("raw engine", argv, logs / "raw_engine.log", env=base_env(env)).start(capture=True)
 
     def run(concurrency: int, requests: int, first: int, max_tokens: int, rate: float | None = None) -> list[Timeline]:
         op = {"op": "rate" if rate else "run", "concurrency": concurrency, "requests": requests, "rate": rate,

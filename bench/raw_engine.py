@@ -13,6 +13,9 @@ Driven by bench/run.py over stdin/stdout, one JSON object per line; replies are 
     with the new message: bench.common.chat_messages)
     {"op": "quit"}
 
+With --warm-up the engine first runs the app's start-time warm-up (chat.engine.warm_up_requests: up
+to 256 requests at once, the batch shrinking to 1) before it says ready, as the app's engine does on a GPU.
+
     python -m bench.raw_engine --preset bench/presets/smollm2-135m-cpu-bench.yaml   # then type ops
 """
 
@@ -73,21 +76,42 @@ async def one(llm: Any, prompt: Any, params: Any) -> Timeline:
     return timeline
 
 
-def sampling(max_tokens: int) -> Any:
-    from chat.engine import sampling_params
+def bench_sampling(max_tokens: int) -> Any:
+    """The benchmark's sampling values (bench.common's, as the app's clients send them)."""
     from chat.sampling import Sampling
 
-    values = Sampling(temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, max_tokens=max_tokens,
-                      repetition_penalty=REPETITION_PENALTY, seed=-1)
-    return sampling_params(values, max_tokens=max_tokens, ignore_eos=True)
+    return Sampling(temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, max_tokens=max_tokens,
+                    repetition_penalty=REPETITION_PENALTY, seed=-1)
 
 
-async def prompts(llm: Any, op: dict[str, Any]) -> list[Any]:
+def sampling(max_tokens: int) -> Any:
+    from chat.engine import sampling_params
+
+    return sampling_params(bench_sampling(max_tokens), max_tokens=max_tokens, ignore_eos=True)
+
+
+async def render(llm: Any, messages: list[dict[str, str]]) -> Any:
+    """`messages` through the chat template, as the app's Engine.render does."""
     from chat.engine import Engine
 
     shim = cast(Engine, SimpleNamespace(llm=llm, _running=lambda: llm, _streams={}))  # rendering needs only these
+    return (await Engine.render(shim, messages)).rendered
+
+
+async def prompts(llm: Any, op: dict[str, Any]) -> list[Any]:
     first, lines, turns = op.get("first_index", 0), op.get("context_lines", 0), op.get("turns", 1)
-    return [(await Engine.render(shim, chat_messages(first + i, lines, turns))).rendered for i in range(op["requests"])]
+    return [await render(llm, chat_messages(first + i, lines, turns)) for i in range(op["requests"])]
+
+
+async def warm_up(llm: Any) -> None:
+    """The app's start-time warm-up on this engine: the same requests, with the benchmark's sampling."""
+    from chat.engine import WARM_UP_BATCH, warm_up_requests
+
+    count = min(llm.vllm_config.scheduler_config.max_num_seqs, WARM_UP_BATCH)
+    t0 = time.monotonic()
+    prompt = await render(llm, [{"role": "user", "content": "Hi"}])
+    await warm_up_requests(llm, prompt, bench_sampling(count), count, "raw-warm-up")
+    print(f"warm-up: {count} requests in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 async def closed_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:
@@ -118,7 +142,10 @@ async def open_loop(llm: Any, op: dict[str, Any]) -> list[Timeline]:
     return list(await asyncio.gather(*tasks))
 
 
-async def serve(llm: Any) -> None:
+async def serve(llm: Any, warm: bool = False) -> None:
+    """`warm`: the app's warm-up first, on this loop (the engine binds to the first loop that awaits it)."""
+    if warm:
+        await warm_up(llm)
     loop = asyncio.get_running_loop()
     say({"ready": True, "pid": os.getpid()})
     while True:
@@ -135,10 +162,12 @@ async def serve(llm: Any) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", type=Path, required=True, help="preset YAML file to build the engine from")
+    ap.add_argument("--warm-up", action="store_true",
+                    help="before saying ready, the app's start-time warm-up (chat.engine.warm_up_requests)")
     args = ap.parse_args()
     _, llm = build(args.preset)
     try:
-        asyncio.run(serve(llm))
+        asyncio.run(serve(llm, args.warm_up))
     finally:
         llm.shutdown()
 

@@ -95,6 +95,14 @@ class EngineOwner(Sharing):
                 log.debug("UI worker %d held %d counts; released", worker, dropped)
         self.news()
 
+    async def close(self) -> None:
+        """The app stops, its UI workers stopped first: every engine closes, and no worker is asked to
+        let go of it. A worker that had gone unseen (its line not yet closed, on a loaded machine) was
+        asked, and the stop waited DETACH_TIMEOUT_S for an answer that could not come."""
+        for worker in {peer.worker for peer in self.peers.values()}:
+            self.forget(worker)
+        await self.registry.close_all()
+
     def news(self) -> None:
         """Something the workers show has changed: a snapshot goes out."""
         self._news.set()

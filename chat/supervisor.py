@@ -173,7 +173,7 @@ class Supervisor:
             if front is not None:
                 front.cancel()
             await asyncio.to_thread(self.stop_workers)
-            await engines.close_all()
+            await self.owner.close()
             end_starting_engines(engines)  # cut short: the exit would wait for each whole start
             serving.cancel()
             if self.stopping.is_set():

@@ -216,3 +216,28 @@ async def test_a_worker_counts_as_started_once_its_first_engine_has_joined_and_w
     joining.state = EngineState.READY
     first.link.changed(joining)
     assert await eventually(lambda: settled == [0], 5)  # the other worker has said nothing yet
+
+
+class ClosingLLM(SleepyLLM):
+    """And its shutdown, which an unload ends with."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.calls.append("shutdown")
+
+
+async def test_the_apps_stop_closes_every_engine_without_asking_the_workers_it_stopped(owner_and_workers):
+    """The supervisor stops the UI workers first; one gone without the owner seeing it yet was still
+    asked to let go of each engine, and a loaded machine's stop waited 30 s for its answer
+    (tests/test_stop.py's two workers, twice). Here no worker answers at all."""
+    owner, engines, workers = owner_and_workers
+    for engine in engines.values():
+        engine.llm = ClosingLLM()  # type: ignore[assignment]
+
+    async def silent(news: object) -> None:
+        await asyncio.Event().wait()
+
+    for worker in workers:
+        worker.link._obey = silent  # type: ignore[method-assign]
+    await asyncio.wait_for(owner.close(), timeout=5)
+    assert [e.state for e in engines.values()] == [EngineState.CLOSED, EngineState.CLOSED]
+    assert not owner.peers

@@ -342,10 +342,10 @@ class Measurements:
         """Each target's first burst at the largest level, unmeasured, before any measured level.
 
         On 2026-12-03 the first 256-stream round after a start was 0.76-0.92x of the next, on the
-        raw side too, although the level's 8-token warm-up had run first (docs/benchmarks.md, "Several
-        UI workers on one H200"): something in a fresh engine stays cold (not found; vLLM logs a
-        compile of its sampler's kernel during that warm-up). Whether this longer burst is enough
-        has not been measured on a GPU. None with --cold: the first rounds are what is measured."""
+        raw side too, although the level's 8-token warm-up had run first: vLLM's sampler compiles a
+        Triton kernel at first use (docs/benchmarks.md, "The cold first round"), which the app's own
+        start-time warm-up now covers, and the raw engine's with --raw-warm-up. None with --cold:
+        the first rounds are what is measured."""
         if self.args.cold:
             self.log.event("--cold: no cold-start burst, no level's warm-up")
             return

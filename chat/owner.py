@@ -4,7 +4,7 @@ The `EngineOwner` lives in the supervisor and is the `Sharing` (chat/registry.py
 `EngineRegistry`: it alone starts, wakes, puts to sleep, unloads and restarts engines, within the one
 memory budget, and backs off after failures. Each engine is a shared core (chat/engine_core.py) with
 a client slot for every worker; the owner holds slot 0 itself (for sleep and wake, and to write the
-warm-up token). Before it takes an engine away it asks every worker whether the engine is idle
+start's warm-up). Before it takes an engine away it asks every worker whether the engine is idle
 there, and it lets their clients go before it stops a core. A core's process that ends is seen at
 once (its sentinel, on the owner's event loop) and the core restarted. It also keeps the app's
 counts (chat/tallies.py), so that a visitor's share and failed sign-ins hold across workers. The

@@ -23,6 +23,7 @@
 #    second for 30 s, three rounds, then 40 and 50 once each while the raw engine's p99 stays under
 #    800 ms; every app process records its page-reply moments (the slow replies' timelines).
 #    On a GPU under 100 GiB (an H100) the KV cache is 16 GiB each (KV_GIB sets it).
+#    RATES and RATES_BEYOND pick other rates (RATES=30 RATES_BEYOND= : three rounds at 30/s alone).
 #    With ONE_STREAM=1, then: one stream's first text, the app before one owner per reply (.gpu/before:
 #    `git archive 66125b2 app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw
 #    engine, 6 GiB of KV cache each, rounds interleaved until the chain's time (CHAIN_S after start) is spent.
@@ -99,7 +100,7 @@ run)
   case $step in
   rates)
   python3 -m bench.gpu --tok .gpu/tok --kv-gib "$kv_gib" --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
-    --levels "" --rates 10,20,30 --rate-rounds 3 --rates-beyond 40,50 --rate-seconds 30 --client-procs 6 \
+    --levels "" --rates "${RATES:-10,20,30}" --rate-rounds 3 --rates-beyond "${RATES_BEYOND-40,50}" --rate-seconds 30 --client-procs 6 \
     --deadline "$RATES_DEADLINE" --out $C/rates
   if [[ ${ONE_STREAM:-0} == 1 ]]; then
   for cache in vllm-cache triton; do  # the app's compile caches for both apps of step 2 (same model and shapes)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,10 @@ pytestmark = pytest.mark.app
 PRESET = "Stop test"
 STOPS_WITHIN_S = 30.0  # a bound for a busy machine; it takes 3-7 s on the 2-core Xeon
 LEFT_WITHIN_S = 30.0  # the resource tracker ends once the app has, after cleaning up
+# A stop still under way this long after the signal: what each of the app's processes is doing then
+# goes into the test's failure (py-spy). Once in ~20 runs on a busy machine the real engine's core
+# outlived vLLM's 15 s and was killed; where it waited is not known yet (issue 49's note).
+SLOW_STOP_S = 12.0
 
 
 def launch_in_session(name: str, folder: Path, *args: str, stand_in: bool = False) -> RunningApp:
@@ -50,18 +57,49 @@ def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str = PRE
             assert event["type"] == "progress", event
         printed = len(app.log_path.read_text(errors="replace").splitlines())
         os.killpg(app.process.pid, signum)
-        with contextlib.suppress(ConnectionClosed):  # closed by the stop; still open STOPS_WITHIN_S later: TimeoutError
-            while True:
-                event = json.loads(ws.recv(timeout=STOPS_WITHIN_S))
-                last = event if event.get("type") != "delta" else last
-    app.process.wait(timeout=STOPS_WITHIN_S)
+        slow = threading.Timer(SLOW_STOP_S, record_stacks, (app,))
+        slow.start()
+        try:
+            with contextlib.suppress(ConnectionClosed):  # closed by the stop
+                while True:
+                    event = json.loads(ws.recv(timeout=STOPS_WITHIN_S))
+                    last = event if event.get("type") != "delta" else last
+            app.process.wait(timeout=STOPS_WITHIN_S)
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:
+            slow.join()
+            raise AssertionError(f"still running {STOPS_WITHIN_S:g} s after the signal ({exc!r})\n{stacks(app)}") from exc
+        finally:
+            slow.cancel()
+            slow.join()
     return app.log_path.read_text(errors="replace").splitlines()[printed:], last
 
 
+def stacks_path(app: RunningApp) -> Path:
+    return app.log_path.with_suffix(".stacks.txt")
+
+
+def stacks(app: RunningApp) -> str:
+    return stacks_path(app).read_text(errors="replace") if stacks_path(app).exists() else ""
+
+
+def record_stacks(app: RunningApp) -> None:
+    """Every Python stack of the app's processes still running, into `stacks_path` (shown on failure)."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    with stacks_path(app).open("w") as out:
+        out.write(f"{SLOW_STOP_S:g} s after the signal, still running:\n")
+        for process in in_session(app.process.pid):
+            with contextlib.suppress(Exception):
+                out.write(f"\n== {process.pid} {process.name()}\n")
+                if spy is not None:
+                    out.write(subprocess.run([spy, "dump", "--pid", str(process.pid)], capture_output=True,
+                                             text=True, timeout=20).stdout)
+
+
 def assert_quiet_stop(app: RunningApp, after: list[str]) -> None:
-    assert app.process.returncode == 0, "\n".join(after)
-    assert 1 <= len(after) <= 2 and after[0] == logs.STOPPING, "\n".join(after)
-    assert after[-1].startswith("==> Stopped in "), "\n".join(after)
+    said = "\n".join([*after, stacks(app)])
+    assert app.process.returncode == 0, said
+    assert 1 <= len(after) <= 2 and after[0] == logs.STOPPING, said
+    assert after[-1].startswith("==> Stopped in "), said
     left = still_running(in_session(app.process.pid), LEFT_WITHIN_S)
     assert not left, f"processes of the app's session outlived it: {left}"
     text = app.log_path.read_text(errors="replace")  # read once the resource tracker has ended too

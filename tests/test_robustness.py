@@ -127,6 +127,9 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     assert asyncio.run(over_the_socket())
 
 
+FIRST_TEXT_WITHIN_S = 180.0  # a bound for a loaded machine; seconds on a quiet one
+
+
 @pytest.mark.app
 @pytest.mark.logs_errors  # "The engine ... died; restarting it": what an operator must see
 def test_a_killed_engine_ends_streams_plainly_and_restarts(real_app):
@@ -134,9 +137,12 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(real_app):
 
     app = real_app
     client = Client(app.url, verbose=False)
+    sent = time.monotonic()
     job = client.submit("Tell me a very long story about a lighthouse.", PRESET, "", 0.8, 0.9, 0, 800, 1.0, -1, api_name="/chat")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(m.get("content") for m in (job.outputs() or [[]])[-1] if not m.get("metadata")):
+    # Killed before its first text, the reply started on the restarted engine and outran job.result's
+    # bound (a fresh clone's two-process run, where the first text took over 60 s): wait for it.
+    while not any(m.get("content") for m in (job.outputs() or [[]])[-1] if not m.get("metadata")):
+        assert time.monotonic() - sent < FIRST_TEXT_WITHIN_S, f"no text {FIRST_TEXT_WITHIN_S:g} s after the message"
         time.sleep(0.1)
     victim = engine_core_of(app.process.pid)
     victim.send_signal(signal.SIGKILL)

@@ -10,7 +10,9 @@ import asyncio
 import datetime
 import inspect
 import json
+import os
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Callable
@@ -195,6 +197,25 @@ def test_item_1_session_state_as_replaced(page):
     gradio_has("BlocksConfig.config_for_block", parameters(theirs.blocks_config.config_for_block)[:3]
                == ["_id", "rendered_ids", "block"], "config_for_block(id, rendered_ids, block)")
     gradio_has("BlocksConfig.blocks", textbox in theirs.blocks_config.blocks, "a dict of id -> block")
+
+
+def test_item_1_no_typing_stubs_are_written_as_gradio_loads(tmp_path):
+    """In a fresh process, importing the UI makes Gradio's stub writer a no-op before Gradio's own
+    components are defined; a component class defined later writes no stub beside its file."""
+    from chat.ui import gradio_import
+
+    component_meta = sys.modules[gradio_import.MODULE]
+    gradio_has(f"component_meta.{gradio_import.FUNCTION}",
+               f"{gradio_import.FUNCTION}(component_class, name, events)" in inspect.getsource(component_meta.ComponentMeta.__new__),
+               "called by ComponentMeta.__new__ for every component class")
+    module = tmp_path / "a_component.py"
+    module.write_text("import chat.ui\nimport gradio as gr\n\nclass Mine(gr.Textbox):\n    pass\n\n"
+                      "import gradio.component_meta as m\nprint(m.create_or_modify_pyi.__module__)\n")
+    ran = subprocess.run([sys.executable, str(module)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["chat.ui.gradio_import"], ran.stdout
+    gradio_has(gradio_import.FUNCTION, not module.with_suffix(".pyi").exists(), "left unwritten, not written anyway")
 
 
 @pytest.mark.parametrize("name", ["GRADIO_ANALYTICS_CACHE_FREQUENCY", "GRADIO_ANALYTICS_MAX_EVENTS"])
@@ -460,7 +481,7 @@ def test_item_10_the_markup_the_page_selects(gradios_page, markup):
         f"MARKUP lists {markup.selector!r} for {markup.used_in}, which no longer selects it: drop it from the list"
 
 
-ADAPTER = {"chat/ui/gradio_internals.py", "chat/ui/gradio_errors.py"}
+ADAPTER = {"chat/ui/gradio_internals.py", "chat/ui/gradio_errors.py", "chat/ui/gradio_import.py"}
 DOCUMENTED_MODULES = {"api", "components", "themes"}  # gr.api (docs/gradio/api), custom components' base class, themes
 PRIVATE_USES = re.compile(
     r"^\s*from gradio[. ]|^\s*import gradio\.|\bgr\.\w+\.\w+\.|\bgr\._|is_template|x-gradio-user|__signature__|"

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from chat.ui import gradio_import  # noqa: F401  first: it must see Gradio load (chat/ui/gradio_import.py)
+
+# isort: split
 import gradio as gr
 
 from chat.admin import Admins

@@ -1,11 +1,12 @@
 """The app's adapter to Gradio: every use of Gradio beyond its documented API, for the versions it
 was tested with. Nothing else in the app uses Gradio's private names; chat/ui/gradio_errors.py,
-installed from here, holds items 4-5. `check_version()` runs at start and refuses a Gradio outside
+installed from here, holds items 4-5, and chat/ui/gradio_import.py, which must run before Gradio
+loads, a part of item 1. `check_version()` runs at start and refuses a Gradio outside
 TESTED (requirements*.txt pin the same range); tests/test_gradio_internals.py checks each private
 name below still has the shape used, and fails naming it and the Gradio version.
 
-1. Gradio's bookkeeping that this app does not use, kept off the streaming path and out of the garbage
-   collector's way. Found by the benchmarks on an H200 host (docs/benchmarks.md), where Gradio's
+1. Gradio's bookkeeping that this app does not use, kept off the streaming path, out of the garbage
+   collector's way and out of every process's start. Found (but the last) by the benchmarks on an H200 host (docs/benchmarks.md), where Gradio's
    event loop, not the engine, limited replies at 64 and more streams, and on steady arrivals:
    - Per browser session Gradio keeps the configuration of every component on the page
      (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for
@@ -40,6 +41,9 @@ name below still has the shape used, and fails naming it and the Gradio version.
      pending_event_ids_session`) is dropped as Gradio drops one beyond its capacity, after its
      States' delete callbacks (`StateHolder.delete_state`); a page that comes back later starts a
      new session, with its components' values from the browser and its States' defaults.
+   - The typing stub Gradio writes beside every component class as it is defined, in every process,
+     about 1 s of CPU of each `import gradio` (`component_meta.create_or_modify_pyi`): left
+     unwritten by chat/ui/gradio_import.py, which chat/ui/__init__.py imports first.
 
 2. The parts of a `ChatInterface` that a message sent outside its own event chain must keep up to
    date, and the saved chats' column the page's CSS lays out (`chat_parts`: `chatbot_state`,

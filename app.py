@@ -76,6 +76,7 @@ def spawned() -> None:
     lifeline.leave_terminal_group()  # the app's main process stops it (chat/lifeline.py)
     lifeline.end_with_parent()
     lifeline.forked_processes_leave_the_group()  # what it forks in turn (vLLM, on a GPU)
+    lifeline.spawned_processes_end_without_teardown()
 
     from chat import logs
 

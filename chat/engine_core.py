@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # How long an engine's processes may take to end once asked (vLLM's default is 5 s, then it kills
-# them): ~3 s on the 2-core Xeon, a shared core's up to 4 s more (SharedCore.shutdown), and far more
-# on a machine busy with other work, where a kill mid-teardown left shared memory behind.
+# them): ~1 s on the 2-core Xeon (~3 s while they ended with Python's teardown: chat/lifeline.py
+# `spawned_processes_end_without_teardown`), a shared core's up to 4 s more (SharedCore.shutdown), and
+# far more on a machine busy with other work, where a kill mid-teardown left shared memory behind.
 CORE_STOP_S = 15.0
 
 

@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from multiprocessing.process import BaseProcess
+from typing import Any, NoReturn
 
 CHECK_EVERY_S = 1.0
 GRACE_S = 10.0
@@ -79,6 +80,21 @@ def ends_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return in_child
+
+
+def spawned_processes_end_without_teardown() -> None:
+    """In a process multiprocessing spawned (an engine core, its worker, a UI worker): once its target
+    has returned, end as `exit_without_teardown` does. multiprocessing's spawned child ends with
+    `sys.exit`, which then frees every object of torch and vLLM one by one: ~1 s of an engine core's stop
+    on an idle 2-core Xeon, far more on a busy one, where a core that had not ended after CORE_STOP_S
+    was killed by vLLM with two warnings (a forked child ends with `os._exit` already). Called as the
+    child imports `__mp_main__`, before multiprocessing runs its target (`BaseProcess._bootstrap`)."""
+    bootstrap = BaseProcess._bootstrap  # type: ignore[attr-defined]
+
+    def bootstrap_then_exit(self: BaseProcess, *args: Any, **kwargs: Any) -> NoReturn:
+        exit_without_teardown(bootstrap(self, *args, **kwargs))
+
+    BaseProcess._bootstrap = bootstrap_then_exit  # type: ignore[attr-defined]
 
 
 def exit_without_teardown(status: int) -> NoReturn:

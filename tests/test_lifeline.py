@@ -136,3 +136,45 @@ def test_a_process_forked_for_the_app_leaves_its_group_too():
                           capture_output=True, text=True, timeout=60, start_new_session=True)
     group, child, child_group = (int(value) for value in done.stdout.split())
     assert child_group == child != group, done.stdout + done.stderr
+
+
+SPAWNS_A_CHILD = """
+import atexit, multiprocessing, sys
+from pathlib import Path
+from chat.lifeline import spawned_processes_end_without_teardown
+
+class Freed:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        self.path.touch()
+
+def child(folder):
+    global kept
+    kept = Freed(Path(folder, "freed"))  # freed only by the interpreter's teardown
+    atexit.register(Path(folder, "atexit").touch)
+    sys.exit(3)
+
+if __name__ == "__mp_main__" and sys.argv[2] == "without teardown":
+    spawned_processes_end_without_teardown()
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+    process.start()
+    process.join()
+    print(process.exitcode)
+"""
+
+
+@pytest.mark.parametrize("how", ["without teardown", "as multiprocessing ends it"])
+def test_a_spawned_process_ends_without_freeing_every_object_but_runs_its_exit_handlers(tmp_path, how):
+    """An engine core's stop no longer waits for Python to free torch and vLLM object by object
+    (chat/lifeline.py `spawned_processes_end_without_teardown`); its exit handlers and status stay."""
+    script = tmp_path / "parent.py"  # a file: the spawned child imports it as __mp_main__
+    script.write_text(SPAWNS_A_CHILD)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), how], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.stdout.split() == ["3"], done.stdout + done.stderr
+    assert (tmp_path / "atexit").exists(), "the child's exit handlers did not run"
+    assert (tmp_path / "freed").exists() == (how != "without teardown"), done.stderr

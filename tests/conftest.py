@@ -57,7 +57,7 @@ BESIDE_REAL_ENGINE = {"protected_app"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
-    run the unit tier first, while the shared app starts (`pytest_runtest_call`); and run the tests of the
+    run the unit tier first (the quickest failures first); and run the tests of the
     app behind a login (`protected_app`, from three modules) last and together, so that one start of
     that app serves them all and it never idles beside other tests."""
     for item in items:
@@ -87,9 +87,6 @@ def tier_of(item: pytest.Item) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[EXIT_STATUS] = int(exitstatus)
-    for app in LAUNCHED_AHEAD.values():  # launched for tests that did not run (-x, a skip)
-        stop_app(app)
-    LAUNCHED_AHEAD.clear()
 
 
 @pytest.hookimpl(trylast=True)
@@ -345,94 +342,12 @@ def stop_app(app: RunningApp) -> None:
         app.folder.cleanup()
 
 
-# Apps started ahead of the first test that needs them, while the tests before it run. An app start
-# is ~40 s, nearly all of it one core importing vLLM in three processes: the suite waited ~5 min in
-# set-up for app starts before this, ~2 min since, though on two cores the whole run gains less
-# (~40 s: the cores are busy ~80% of the time; docs/testing.md). One app at a time is launched
-# ahead: each holds ~3.6 GB once started.
-SECONDS_PER_TEST = {"unit": 0.06, "engine": 2.7, "app": 3.6, "browser": 5.6}  # each tier's mean (2026-12-05, fresh clone)
-# An app start, with room for the tests it runs beside; TESTS_LAUNCH_AHEAD_S=0 launches each app as
-# its first test needs it (to measure what launching ahead saves).
-LAUNCH_AHEAD_S = float(os.environ.get("TESTS_LAUNCH_AHEAD_S", "60"))
-
-
-@dataclass(frozen=True)
-class AppRecipe:
-    scope: str  # the scope of the fixture that yields the app: "session" or "module"
-    launch: Callable[[Path], RunningApp]  # writes what the app needs into a fresh folder, and launches it
-    alone: bool  # no other app is launched while its tests run: they use the machine's memory to its edge
-
-
-RECIPES: dict[str, AppRecipe] = {}  # by the name of the fixture that yields the app
-LAUNCHED_AHEAD: dict[str, RunningApp] = {}  # by fixture name: launched, not yet taken by its fixture
-APP_STARTS = pytest.StashKey[dict[str, tuple[int, list[str]]]]()  # by test id: its position, and the apps set up for it
-
-
-def app_recipe(fixture: str, scope: str, alone: bool = False) -> Callable[[Callable[[Path], RunningApp]], Callable[[Path], RunningApp]]:
-    """Register how the app of `fixture` is launched, so that it can be launched ahead (`app_for`)."""
-    def register(launch: Callable[[Path], RunningApp]) -> Callable[[Path], RunningApp]:
-        RECIPES[fixture] = AppRecipe(scope, launch, alone)
-        return launch
-    return register
-
-
-def launched(fixture: str) -> RunningApp:
+def start_in_folder(fixture: str, launch: Callable[[Path], RunningApp]) -> RunningApp:
+    """The app that `launch` writes into a fresh folder (removed by `stop_app`) and launches, once ready."""
     folder = tempfile.TemporaryDirectory(prefix=f"{fixture}-")
-    app = RECIPES[fixture].launch(Path(folder.name))
+    app = launch(Path(folder.name))
     app.folder = folder
-    return app
-
-
-def app_for(request: pytest.FixtureRequest) -> RunningApp:
-    """The app of the fixture asking, once ready: the one launched ahead of its first test, or a new one."""
-    return wait_ready(LAUNCHED_AHEAD.pop(request.fixturename, None) or launched(request.fixturename))
-
-
-def apps_used_by(item: pytest.Item) -> list[str]:
-    """The recipes' fixtures `item` uses: by name, and defined where the recipe is (a parametrize
-    argument of test_robustness.py is also called `workers`; taking it for test_hostile.py's app
-    launched that app for tests that never took it, which kept every later app from launching ahead)."""
-    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    named = {marker.args[0] for marker in item.iter_markers("uses_app")}  # asked for only as the test runs
-    return sorted(named | {fixture for fixture in RECIPES.keys() & definitions.keys()
-                           if definitions[fixture][-1].func.__module__ == RECIPES[fixture].launch.__module__})
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Find where each app of RECIPES will be set up: a session fixture's at its first test, a module
-    fixture's at the first test of each run of its module's tests (pytest ends it when the module's
-    run ends)."""
-    starts: dict[str, tuple[int, list[str]]] = {}
-    seen: set[tuple[str, int]] = set()
-    run = 0
-    for position, item in enumerate(session.items):
-        run += position > 0 and item.parent is not session.items[position - 1].parent
-        apps = []
-        for fixture in apps_used_by(item):
-            key = (fixture, run if RECIPES[fixture].scope == "module" else 0)
-            if key not in seen:
-                seen.add(key)
-                apps.append(fixture)
-        starts[item.nodeid] = (position, apps)
-    session.config.stash[APP_STARTS] = starts
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    """As a test begins: launch the next app a later test needs when the tests before that one should
-    take about as long as its start (their tiers' means)."""
-    if LAUNCHED_AHEAD or LAUNCH_AHEAD_S <= 0 or any(RECIPES[app].alone for app in apps_used_by(item)):
-        return
-    starts = item.config.stash.get(APP_STARTS, {})
-    position, _ = starts.get(item.nodeid, (len(item.session.items), []))
-    ahead = 0.0
-    for later in item.session.items[position + 1:]:
-        if apps := starts[later.nodeid][1]:
-            LAUNCHED_AHEAD[apps[0]] = launched(apps[0])
-            return
-        ahead += SECONDS_PER_TEST[tier_of(later)]
-        if ahead > LAUNCH_AHEAD_S:
-            return
+    return wait_ready(app)
 
 
 RESUME_GRACE_S = 5  # the shared apps': shorter than their longest replies (1,000 tokens: 30 s on the stand-in)
@@ -478,22 +393,20 @@ def nothing_left_behind(request):
             assert first is None, "the app logged a problem during this test:\n" + "".join(lines[first:first + 40])
 
 
-@app_recipe("app_server", scope="session")
 def launch_shared_app(folder: Path) -> RunningApp:
     return launch_app("app", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"),
                       stand_in=True)
 
 
 @pytest.fixture(scope="session")
-def app_server(request) -> Iterator[RunningApp]:
+def app_server() -> Iterator[RunningApp]:
     """The app on the stand-in engine (tests/stand_in.py), shared by every test whose subject is not
     the engine."""
-    app = app_for(request)
+    app = start_in_folder("app_server", launch_shared_app)
     yield app
     stop_app(app)
 
 
-@app_recipe("front_door_app", scope="session")
 def launch_front_door_app(folder: Path) -> RunningApp:
     import resource
 
@@ -509,11 +422,11 @@ def launch_front_door_app(folder: Path) -> RunningApp:
 
 
 @pytest.fixture(scope="session")
-def front_door_app(request) -> Iterator[RunningApp]:
+def front_door_app() -> Iterator[RunningApp]:
     """Two UI workers behind Caddy on the stand-in engine, on every interface, as a stranger on another
     machine meets the app (`stranger_url`): for the tests of hostile input, floods and vote stuffing
     through the front door. The real engine's several-worker tests are tests/test_workers.py's."""
-    app = app_for(request)
+    app = start_in_folder("front_door_app", launch_front_door_app)
     yield app
     started = psutil.Process(app.process.pid).children(recursive=True) if app.process.poll() is None else []
     stop_app(app)
@@ -522,18 +435,17 @@ def front_door_app(request) -> Iterator[RunningApp]:
     assert not problems, "the app logged a problem:\n" + "\n".join(problems[:20])
 
 
-@app_recipe("real_app", scope="session")
 def launch_real_app(folder: Path) -> RunningApp:
     return launch_app("real", "--resume-grace-s", str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"),
                       "--admin-local")
 
 
 @pytest.fixture(scope="session")
-def real_app(request) -> Iterator[RunningApp]:
+def real_app() -> Iterator[RunningApp]:
     """The app on the real engine (the embedded model), for the tests that prove each feature on it
     (docs/testing.md lists them). Its pages on this machine are administrators (`--admin-local`: the
     capacity test); tests/test_robustness.py kills its engine twice (it restarts)."""
-    app = app_for(request)
+    app = start_in_folder("real_app", launch_real_app)
     yield app
     stop_app(app)
 
@@ -542,7 +454,6 @@ def real_app(request) -> Iterator[RunningApp]:
 USER, ADMIN, GUEST = ("demo", "s3cret"), ("admin", "a-secret"), ("guest", "g-secret")
 
 
-@app_recipe("protected_app", scope="session")
 def launch_protected_app(folder: Path) -> RunningApp:
     accounts = ",".join(":".join(account) for account in (USER, ADMIN, GUEST))
     return launch_app("protected", "--auth", accounts, "--admins", ADMIN[0], "--votes-db", str(folder / "votes.sqlite3"),
@@ -550,7 +461,7 @@ def launch_protected_app(folder: Path) -> RunningApp:
 
 
 @pytest.fixture(scope="session")
-def protected_app(request) -> Iterator[RunningApp]:
+def protected_app() -> Iterator[RunningApp]:
     """The app behind a login (`--auth`, three accounts, `admin` the administrator) on the stand-in
     engine, for the tests of logins, administrators and hostile sign-ins. One for the session, whose tests
     run last (`pytest_collection_modifyitems`): when it started with the first of them and idled
@@ -558,7 +469,7 @@ def protected_app(request) -> Iterator[RunningApp]:
     (it passes alone); one per module cost two more starts of a minute each. Failed sign-ins lock an
     address out: a test that does that on purpose comes from an address of its own (the loopback
     network is 127.0.0.0/8)."""
-    app = app_for(request)
+    app = start_in_folder("protected_app", launch_protected_app)
     yield app
     stop_app(app)
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from chat.stats import REPLIED
-from tests.conftest import OUTPUT, RunningApp, app_for, app_recipe, launch_app, small_preset, stop_app
+from tests.conftest import OUTPUT, RunningApp, launch_app, small_preset, start_in_folder, stop_app
 from tests.pages import wait_drawn
 from tests.test_browser import REPLY_TEXT, is_text, send, watch_reply
 
 pytestmark = pytest.mark.browser
 
-@app_recipe("two_engine_app", scope="module")
 def launch_two_engine_app(folder: Path) -> RunningApp:
     # On the stand-in engine (the subject is the page's switch; an unload on the real engine is
     # tests/test_workers.py's): 10 tokens a second, so the 200-token story streams for 20 s while the
@@ -34,8 +33,8 @@ def launch_two_engine_app(folder: Path) -> RunningApp:
 
 
 @pytest.fixture(scope="module")
-def two_engine_app(request):
-    app = app_for(request)
+def two_engine_app():
+    app = start_in_folder("two_engine_app", launch_two_engine_app)
     yield app
     stop_app(app)
 

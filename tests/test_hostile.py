@@ -84,11 +84,11 @@ def event_problem(message: dict[str, Any]) -> str | None:
     return None
 
 
-@pytest.fixture(params=["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.uses_app("front_door_app"))])
+@pytest.fixture(params=["one worker", "two workers behind Caddy"])
 def app(request, app_server) -> Iterator[RunningApp]:
     """The app under attack, on the stand-in engine: the shared app, or two UI workers behind Caddy
     (conftest's `front_door_app`) reached from this machine's non-loopback address, as a stranger on
-    another machine (`uses_app` has that app launched ahead).
+    another machine.
     `app_server` is named so that conftest's `nothing_left_behind` checks its log after each test;
     for both apps the log is also checked here, and the app must still chat."""
     target = app_server if request.param == "one worker" else dataclasses.replace(

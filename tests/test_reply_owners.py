@@ -139,7 +139,7 @@ def with_cookie(cookie: str | None, more: str | None) -> str | None:
 
 @pytest.mark.app  # its apps are asked for by name (getfixturevalue), so conftest cannot tell its tier
 @pytest.mark.parametrize("who", ["another voter cookie", "another address, no cookie"])
-@pytest.mark.parametrize("workers", ["one worker", pytest.param("two workers behind Caddy", marks=pytest.mark.uses_app("front_door_app"))])
+@pytest.mark.parametrize("workers", ["one worker", "two workers behind Caddy"])
 async def test_another_visitor_cannot_watch_resume_cancel_or_take_over_a_reply(request, who, workers):
     """With two UI workers, the stranger also sends the owner's worker cookie, so that the front door
     takes both to the worker that holds the reply."""

@@ -35,11 +35,10 @@ from tests.conftest import (
     PROBLEM_LINE,
     ROOT,
     RunningApp,
-    app_for,
-    app_recipe,
     launch_app,
     replies_started,
     small_preset,
+    start_in_folder,
     still_running,
     stop_app,
 )
@@ -58,7 +57,6 @@ CHECKED_LOG: dict[str, int] = {}  # the log is checked up to here at the end
 # Alone: its tests start a third engine and kill cores and workers. With the app behind a login
 # launched beside them the kernel once killed an engine's worker for memory (24 GiB, a full run, with
 # ~5 GB of engines a killed run had left behind); without either, ~15 GB are in use during them.
-@app_recipe("workers_app", scope="module", alone=True)
 def launch_workers_app(folder: Path) -> RunningApp:
     for name, context in CONTEXTS.items():
         small_preset(folder, name, context=context, sampling={"temperature": 0.0, "max_tokens": {"default": 12, "max": 64}})
@@ -69,8 +67,8 @@ def launch_workers_app(folder: Path) -> RunningApp:
 
 
 @pytest.fixture(scope="module")
-def workers_app(request):
-    app = app_for(request)
+def workers_app():
+    app = start_in_folder("workers_app", launch_workers_app)
     yield app
     started = descendants(app)  # none left when the module's last test killed the app (it checks this itself)
     stop_app(app)

@@ -350,7 +350,7 @@ def start_in_folder(fixture: str, launch: Callable[[Path], RunningApp]) -> Runni
     return wait_ready(app)
 
 
-RESUME_GRACE_S = 5  # the shared apps': shorter than their longest replies (1,000 tokens: 30 s on the stand-in)
+RESUME_GRACE_S = 5  # the shared apps': shorter than their longest replies (1,000 tokens: 15 s on the stand-in)
 LEFT_BEHIND_WITHIN_S = 15.0  # after a test, its engine requests must be gone within this (aborts take a moment)
 PROBLEM_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
 

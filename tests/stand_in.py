@@ -9,7 +9,7 @@ the app under test is the real one; only the model's weights and the engine-core
 (no engine start of ~40 s of CPU, and replies at a known pace instead of the CPU model's ~10 tokens
 a second). Every feature also keeps a test on the real engine (docs/testing.md lists them).
 
-    STAND_IN_STEP_MS=30 STAND_IN_START_S=3 python tests/stand_in.py --port 7861   # app.py's flags
+    STAND_IN_STEP_MS=15 STAND_IN_START_S=3 python tests/stand_in.py --port 7861   # app.py's flags
 
 On SIGUSR1 it writes how many objects Python's garbage collector tracks (after a full collection,
 frozen ones included) as a line of its output, "stand-in heap: N objects" (tests/test_heap.py).
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEP_MS = 30.0  # ~33 tokens a second: several redraws a second, as a reader sees the real model's
+STEP_MS = 15.0  # ~67 tokens a second, as a reader sees a model on a GPU: many redraws a second (30 ms until 2026-12-06: the suite waited ~40 s longer)
 START_S = 3.0  # an engine's start: long enough to be seen ("Starting the engine…"), short enough to wait for
 
 SENTENCE = ("The lighthouse keeper walked down to the shore every morning before the sun came up. He counted "

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from chat.server import freeze
-from tests.conftest import still_running
+from tests.conftest import ROOT, still_running
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,35 @@ def test_a_frozen_process_and_all_it_was_starting_are_killed_with_nothing_left(a
         with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
+
+
+STOPPED_IN_A_FINALIZER = """
+import os, signal, sys, time
+from chat.registry import EngineRegistry
+from chat.server import Shutdown
+
+shutdown = Shutdown(EngineRegistry(memory_budget=1e9), announce=False)
+shutdown.install(ctrl_c=False)
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler here, inside the finalizer
+        time.sleep(0.01)
+
+Finalized()  # freed at once
+began = time.monotonic()
+shutdown.wait()
+print(f"stopped after {time.monotonic() - began:.1f} s")
+"""
+
+
+def test_a_stop_that_lands_in_a_finalizer_still_stops_the_process_quietly():
+    """A signal runs its handler wherever the main thread is, also inside a `__del__` that the garbage
+    collector runs, where Python prints the handler's KeyboardInterrupt with a traceback and drops it:
+    a UI worker stopped while it started went on until its supervisor killed it (chat/server.py
+    `Shutdown.unraisable`)."""
+    done = subprocess.run([sys.executable, "-c", STOPPED_IN_A_FINALIZER], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("stopped after"), done.stdout + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-2000:]

@@ -6,8 +6,9 @@ TESTED (requirements*.txt pin the same range); tests/test_gradio_internals.py ch
 name below still has the shape used, and fails naming it and the Gradio version.
 
 1. Gradio's bookkeeping that this app does not use, kept off the streaming path, out of the garbage
-   collector's way and out of every process's start. Found (but the last) by the benchmarks on an H200 host (docs/benchmarks.md), where Gradio's
-   event loop, not the engine, limited replies at 64 and more streams, and on steady arrivals:
+   collector's way and out of every process's start. Found (but the last) by the benchmarks on an
+   H200 host (docs/benchmarks.md), where Gradio's event loop, not the engine, limited replies at 64
+   and more streams, and on steady arrivals:
    - Per browser session Gradio keeps the configuration of every component on the page
      (`SessionState.config_values`). It builds all of them when a session starts (about 10 ms for
      this app's ~150 components on a 2-core machine: a burst of 256 new visitors queued 1-3 s of it

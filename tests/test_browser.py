@@ -140,7 +140,8 @@ def test_stop_shows_while_the_page_s_own_reply_is_written_over_its_socket(page, 
     page.locator("#stop").click()
     watch_reply(page, "stopped by you", within_s=30)
     page.wait_for_function("!document.documentElement.hasAttribute('data-writing')")
-    assert page.locator("#stop").is_hidden()
+    # Gradio's turn, which ends a moment after the page's own signal on a busy machine, hides it too.
+    page.locator("#stop").wait_for(state="hidden", timeout=30_000)
     assert app_server.wait_idle()["engines"][0]["running"] == 0
 
 

@@ -50,5 +50,5 @@ class WithoutTypingStubs(importlib.abc.MetaPathFinder):
         return spec
 
 
-if "gradio" not in sys.modules and not any(isinstance(f, WithoutTypingStubs) for f in sys.meta_path):
+if "gradio" not in sys.modules:  # this module runs once per process: one hook at most
     sys.meta_path.insert(0, WithoutTypingStubs())

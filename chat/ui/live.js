@@ -125,6 +125,7 @@
     if (html === null) return; // the parser is not loaded: Gradio's copy of the text shows instead
     for (const box of boxes) {
       if (box.dataset.drawn === String(reply.deltas.length)) continue;
+      if (!box.childNodes.length && !reply.began && reply.deltas.join("").length < copyLength(box)) continue;
       patch(box, html);
       box.dataset.drawn = String(reply.deltas.length);
     }
@@ -132,6 +133,18 @@
     for (const line of document.querySelectorAll(`.live-line.stream-${CSS.escape(id)}`)) {
       if (line.textContent !== reply.line) line.textContent = reply.line;
     }
+  }
+
+  // How much text Gradio's copy beside an empty box shows. A reply this page follows rather than
+  // started (a Compare column's) is followed from the first redraw that shows its box, and the
+  // socket replays its text a delta at a time over a frame or two: drawn before it has caught up
+  // with the copy, a column's text would shrink for a frame ("The lighthouse", then "The").
+  function copyLength(box) {
+    let length = 0;
+    for (let node = box.nextElementSibling; node; node = node.nextElementSibling) {
+      if (!node.querySelector(".live-pending")) length += node.textContent.trim().length;
+    }
+    return length;
   }
 
   // New text is drawn once per frame, however many deltas arrive in it.

@@ -53,6 +53,9 @@ REAL_ENGINE_FIXTURES = {
 # Tests that scripts/test runs in the real engine's process (marked `beside_real_engine`), which
 # would otherwise end about a minute before the other: the app behind a login's (stand-in engine).
 BESIDE_REAL_ENGINE = {"protected_app"}
+# Tests on the two workers behind Caddy (marked `front_door`): scripts/test --dev runs them in the
+# process that starts that app anyway for its other tests, not in the browsers' (one start, not two).
+FRONT_DOOR = {"front_door_app"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("real_engine")
         elif BESIDE_REAL_ENGINE & set(getattr(item, "fixturenames", ())):
             item.add_marker("beside_real_engine")
+        if FRONT_DOOR & set(getattr(item, "fixturenames", ())):
+            item.add_marker("front_door")
         if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
         if marked:

@@ -56,13 +56,15 @@ BESIDE_REAL_ENGINE = {"protected_app"}
 # Tests on the two workers behind Caddy (marked `front_door`): scripts/test --dev runs them in the
 # process that starts that app anyway for its other tests, not in the browsers' (one start, not two).
 FRONT_DOOR = {"front_door_app"}
+STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends that app: it runs after every other
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
-    run the unit tier first (the quickest failures first); and run the tests of the
+    run the unit tier first (the quickest failures first); run the tests of the
     app behind a login (`protected_app`, from three modules) last and together, so that one start of
-    that app serves them all and it never idles beside other tests."""
+    that app serves them all and it never idles beside other tests; and the test that stops the two
+    workers behind Caddy (`front_door_app`) after every other."""
     for item in items:
         if uses_real_engine(item):
             item.add_marker("real_engine")
@@ -77,7 +79,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         used = set(getattr(item, "fixturenames", ()))
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")
         item.add_marker(tier)
-    items.sort(key=lambda item: ("protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))  # stable
+    items.sort(key=lambda item: (item.get_closest_marker(STOPS_FRONT_DOOR) is not None,  # stable
+                                 "protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))
 
 
 def uses_real_engine(item: pytest.Item) -> bool:
@@ -420,8 +423,11 @@ def launch_front_door_app(folder: Path) -> RunningApp:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
     try:
+        # In a session of its own, as in a terminal: its last test stops it with a signal to its group
+        # (tests/test_stop.py, STOPS_FRONT_DOOR).
         return launch_app("front-door", "--ui-workers", "2", "--host", "0.0.0.0", "--admin-local", "--resume-grace-s",
-                          str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"), stand_in=True)
+                          str(RESUME_GRACE_S), "--votes-db", str(folder / "votes.sqlite3"), stand_in=True,
+                          new_session=True)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
@@ -432,7 +438,7 @@ def front_door_app() -> Iterator[RunningApp]:
     machine meets the app (`stranger_url`): for the tests of hostile input, floods and vote stuffing
     through the front door. The real engine's several-worker tests are tests/test_workers.py's."""
     app = start_in_folder("front_door_app", launch_front_door_app)
-    yield app
+    yield app  # perhaps stopped by its last test (STOPS_FRONT_DOOR)
     started = psutil.Process(app.process.pid).children(recursive=True) if app.process.poll() is None else []
     stop_app(app)
     assert not (alive := still_running(started, 30)), f"processes outlived the app: {alive}"

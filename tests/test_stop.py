@@ -4,7 +4,8 @@ flight, with one UI worker (on the real engine, whose processes are in the group
 (on the stand-in engine: a shared core's processes leave the group, and tests/test_workers.py stops
 the real one), and leaves nothing running (chat/lifeline.py, chat/server.py, chat/supervisor.py).
 The apps here run in sessions of their own, as in a terminal: the other tests stop theirs by
-signalling the main process only, which never showed what a terminal does."""
+signalling the main process only, which never showed what a terminal does. The several workers are
+conftest's `front_door_app`, which this test ends after every other test has used it."""
 
 from __future__ import annotations
 
@@ -37,22 +38,23 @@ LEFT_WITHIN_S = 30.0  # the resource tracker ends once the app has, after cleani
 SLOW_STOP_S = 12.0
 
 
-def launch_in_session(name: str, folder: Path, *args: str, stand_in: bool = False) -> RunningApp:
+def launch_in_session(name: str, folder: Path, *args: str) -> RunningApp:
     """app.py with a small preset in a session of its own, so that its process group is the app's
     alone, as a terminal's foreground group is."""
     small_preset(folder, PRESET, sampling={"temperature": 0.0, "max_tokens": {"default": 400, "max": 512}})
     return launch_app(name, "--presets-dir", str(folder), "--preset", PRESET, "--votes-db",
-                      str(folder / "votes.sqlite3"), *args, new_session=True, stand_in=stand_in)
+                      str(folder / "votes.sqlite3"), *args, new_session=True)
 
 
-def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str = PRESET) -> tuple[list[str], dict | None]:
-    """Start a long reply over the WebSocket API, signal the app's whole group once it streams, and
-    wait for the app's end. The lines it printed after the signal, and the reply's last event other
-    than a delta (None when its connection closed first)."""
+def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str | None = PRESET) -> tuple[list[str], dict | None]:
+    """Start a long reply over the WebSocket API (on `preset`; None: the app's first), signal the app's
+    whole group once it streams, and wait for the app's end. The lines it printed after the signal,
+    and the reply's last event other than a delta (None when its connection closed first)."""
     last: dict | None = None
     with connect(app.url.replace("http", "ws") + "chat", open_timeout=30) as ws:
+        # "a long list": the stand-in's cue for a reply to Max tokens (tests/stand_in.py)
         ws.send(json.dumps({"type": "chat", "id": "long", "preset": preset,
-                            "messages": [{"role": "user", "content": "Count from 1 to 500, one number a line."}]}))
+                            "messages": [{"role": "user", "content": "A long list: count from 1 to 500, one number a line."}]}))
         while (event := json.loads(ws.recv(timeout=120)))["type"] != "delta":
             assert event["type"] == "progress", event
         printed = len(app.log_path.read_text(errors="replace").splitlines())
@@ -130,14 +132,14 @@ def test_ctrl_c_in_a_terminal_stops_the_app_and_its_reply_in_two_lines(tmp_path)
         kill_session(app)
 
 
-def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(tmp_path):
+@pytest.mark.stops_front_door
+def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(front_door_app):
     """SIGTERM to the whole group, as a container's stop sends it, mid-reply, to two UI workers behind
     Caddy. Before, every worker printed Gradio's "Keyboard interruption" line, and the group's signal
     reached the engine's processes too. The front door stops first, so the reply's connection is
     closed (no last event)."""
-    app = wait_ready(launch_in_session("stop-workers", tmp_path, "--ui-workers", "2", stand_in=True))
     try:
-        after, _ = stopped_mid_reply(app, signal.SIGTERM)
-        assert_quiet_stop(app, after)
+        after, _ = stopped_mid_reply(front_door_app, signal.SIGTERM, preset=None)
+        assert_quiet_stop(front_door_app, after)
     finally:
-        kill_session(app)
+        kill_session(front_door_app)

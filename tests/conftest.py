@@ -50,13 +50,11 @@ REAL_ENGINE_FIXTURES = {
     "real_app": "tests.conftest", "real_page": "tests.conftest",
     "registry": "tests.conftest", "engine": "tests.conftest", "workers_app": "tests.test_workers",
 }
-# Tests that scripts/test runs in the real engine's process (marked `beside_real_engine`), which
-# would otherwise end about a minute before the other: the app behind a login's (stand-in engine).
-BESIDE_REAL_ENGINE = {"protected_app"}
-# Tests on the two workers behind Caddy (marked `front_door`): scripts/test --dev runs them in the
-# process that starts that app anyway for its other tests, not in the browsers' (one start, not two).
-FRONT_DOOR = {"front_door_app"}
-STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends that app: it runs after every other
+# Shared apps on the stand-in engine that app-tier tests start too (the app behind a login, the two
+# workers behind Caddy): their tests in other tiers (a browser's) are marked `beside_app_tests`, and
+# scripts/test --dev runs them in the app tests' process, which starts the app once, not twice.
+BESIDE_APP_TESTS = {"protected_app", "front_door_app"}
+STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends front_door_app: it runs after every other
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,10 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if uses_real_engine(item):
             item.add_marker("real_engine")
-        elif BESIDE_REAL_ENGINE & set(getattr(item, "fixturenames", ())):
-            item.add_marker("beside_real_engine")
-        if FRONT_DOOR & set(getattr(item, "fixturenames", ())):
-            item.add_marker("front_door")
+        elif BESIDE_APP_TESTS & set(getattr(item, "fixturenames", ())):
+            item.add_marker("beside_app_tests")
         if len(marked := {m.name for m in item.iter_markers() if m.name in TIERS}) > 1:  # a module's and its own
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}; a test has one tier")
         if marked:

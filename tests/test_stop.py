@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,16 @@ def stopped_mid_reply(app: RunningApp, signum: signal.Signals, preset: str | Non
             slow.cancel()
             slow.join()
     return app.log_path.read_text(errors="replace").splitlines()[printed:], last
+
+
+def quiet(app: RunningApp, for_s: float = 1.0, within_s: float = 30.0) -> None:
+    """Wait until the app's log has not grown for `for_s`."""
+    deadline, size, since = time.monotonic() + within_s, -1, time.monotonic()
+    while (now := time.monotonic()) - since < for_s:
+        assert now < deadline, f"the app's log still grew {within_s:g} s on:\n{app.log_tail()}"
+        if (grown := app.log_path.stat().st_size) != size:
+            size, since = grown, now
+        time.sleep(0.05)
 
 
 def stacks_path(app: RunningApp) -> Path:
@@ -139,6 +150,7 @@ def test_sigterm_to_the_group_stops_several_ui_workers_in_two_lines(front_door_a
     reached the engine's processes too. The front door stops first, so the reply's connection is
     closed (no last event)."""
     try:
+        quiet(front_door_app)  # what the tests before wrote (a flood's INFO lines) is not the stop's
         after, _ = stopped_mid_reply(front_door_app, signal.SIGTERM, preset=None)
         assert_quiet_stop(front_door_app, after)
     finally:

@@ -121,11 +121,12 @@
     if (!reply || !reply.deltas.length || retry >= GIVE_UP) return;
     const boxes = document.querySelectorAll(`.live-reply.stream-${CSS.escape(id)}`);
     if (!boxes.length) return;
-    const html = render(reply.deltas.join(""));
+    const text = reply.deltas.join("");
+    const html = render(text);
     if (html === null) return; // the parser is not loaded: Gradio's copy of the text shows instead
     for (const box of boxes) {
       if (box.dataset.drawn === String(reply.deltas.length)) continue;
-      if (!box.childNodes.length && !reply.began && reply.deltas.join("").length < copyLength(box)) continue;
+      if (!box.childNodes.length && !reply.began && text.length < copyLength(box)) continue;
       patch(box, html);
       box.dataset.drawn = String(reply.deltas.length);
     }

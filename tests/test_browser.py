@@ -37,6 +37,10 @@ MAX_TOKENS = "#knob-max_tokens input[type=number]"
 # For a test that needs a reply but not a long one: the embedded model writes about 6 tokens a
 # second on a 2-core AVX2 machine, where a reply of the default 256 tokens takes most of a minute.
 SHORT = 24
+# For a reply a test stops or leaves while it is written: the stand-in writes its "long" reply to Max
+# tokens, and the default 256 take it under 4 s, which a busy machine's clicks and polls can outlast
+# (a CI run on the AMD EPYC found Stop already hidden). 1,024 take it 15 s.
+TO_STOP = 1024
 
 
 def send(page, text: str, max_tokens: int | None = None) -> None:
@@ -134,7 +138,7 @@ def test_stop_shows_while_the_page_s_own_reply_is_written_over_its_socket(page, 
     Stop shows then, not only while Gradio's turn looks busy: a full run on a busy machine once wrote
     a whole reply on the real engine with Stop hidden (not reproduced here: Gradio's states show it
     too on an idle machine; this checks the page's own signal, from the first text to the stop)."""
-    send(page, "Write a long story about a lighthouse.")  # the stand-in writes it to Max tokens
+    send(page, "Write a long story about a lighthouse.", max_tokens=TO_STOP)  # the stand-in writes it to Max tokens
     page.wait_for_function(f"(document.querySelector({REPLY_TEXT!r})?.innerText || '').length > 40", timeout=30_000)
     assert page.locator("html[data-writing]").count() == 1 and page.locator("#stop").is_visible()
     page.locator("#stop").click()
@@ -319,7 +323,7 @@ def test_closing_the_tab_aborts_its_reply(browser, app_server):
     page = context.new_page()
     page.goto(app_server.url)
     wait_drawn(page)
-    send(page, "Tell me a very long story about the ocean.")
+    send(page, "Tell me a very long story about the ocean.", max_tokens=TO_STOP)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(is_text(t) for t in page.locator(REPLY_TEXT).all_inner_texts()):
         time.sleep(0.05)  # the reply's bubble shows before its first word: wait for words

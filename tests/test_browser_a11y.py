@@ -14,7 +14,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from chat.stats import REPLIED
 from chat.ui.messages import WAITING
 from tests.pages import open_tab, wait_drawn
-from tests.test_browser import COMPARE_TITLE, REPLY_TEXT, REPLY_TITLE
+from tests.test_browser import COMPARE_TITLE, MAX_TOKENS, REPLY_TEXT, REPLY_TITLE, TO_STOP
 from tests.test_browser_layout import PAST_THE_EDGE
 
 pytestmark = pytest.mark.browser
@@ -206,6 +206,12 @@ def test_the_chat_works_from_the_keyboard_alone(browser, app_server):
     context, page = new_page(browser, app_server)
     try:
         assert focused(page) == "message", "the message box has the focus when the page opens"
+        # A reply long enough to be still written when Stop is reached (set with the mouse: the
+        # keyboard's part starts in the message box again).
+        page.locator(MAX_TOKENS).fill(str(TO_STOP))
+        page.locator(MAX_TOKENS).press("Tab")
+        page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{TO_STOP}'")
+        page.locator("#message textarea").focus()
         page.keyboard.type("Tell me a very long story about a dragon who learns to bake bread.")
         page.keyboard.press("Enter")
 

@@ -13,7 +13,7 @@ import pytest
 
 from chat.stats import REPLIED, SUMMARY
 from tests.conftest import OUTPUT
-from tests.test_browser import COMPARE_TEXT, COMPARE_TITLE, is_text
+from tests.test_browser import COMPARE_TEXT, COMPARE_TITLE, TO_STOP, is_text
 
 pytestmark = pytest.mark.browser
 
@@ -199,10 +199,10 @@ def test_a_share_link_opens_the_compare_tab_with_its_presets_settings_and_prompt
 def test_a_prompt_sent_while_the_columns_write_is_kept_with_a_sentence_and_sent_once_they_end(open_page):
     """Gradio's page drops a second Enter or Send on a running event ("once") without a word; here it
     reaches the server, which says to wait, and the prompt stays in the box to be sent afterwards."""
-    page = open_page()
-    page.get_by_role("tab", name="Compare").click()
+    # Each column's story long enough to be still written when Stop is clicked on a busy machine.
+    page = open_page(f"?p={quote(CREATIVE)}&p={quote(DETERMINISTIC)}&s1=max_tokens:{TO_STOP}&s2=max_tokens:{TO_STOP}")
     prompt = page.locator("#compare-prompt textarea")
-    prompt.wait_for()
+    page.wait_for_function("document.querySelector('#compare-status')?.innerText.includes('Opened from a share link')")
     page.locator("#compare-blind input").uncheck()
     prompt.fill("Tell me a very long story about a dragon who learns to bake bread.")
     prompt.press("Enter")

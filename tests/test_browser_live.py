@@ -9,6 +9,7 @@ import re
 import pytest
 
 from chat.stats import REPLIED
+from chat.ui.messages import settled_copy
 from tests.test_browser import COMPARE_TEXT, COMPARE_TITLE, REPLY_TEXT, REPLY_TITLE
 from tests.test_messages import HELD_BACK, KEPT
 
@@ -159,11 +160,13 @@ def test_every_moment_of_a_reply_with_a_list_a_table_and_code_renders_as_formatt
     check_samples(samples)
     final = [b["tag"] for b in samples[-1]["blocks"]]
     assert final == ["P", "OL", "TABLE", "PRE", "H2", "BLOCKQUOTE", "PRE", "P"], final
-    # The page holds back the last lines Gradio's copy holds back, and no others (one pattern,
-    # chat/ui/messages.py, read by two regular-expression engines).
-    cases = HELD_BACK + KEPT
-    shown = page.evaluate("(texts) => texts.map((text) => window.chatLive.settled(text))", [t for t, _ in cases])
-    assert shown == [copy for _, copy in cases]
+    # The page's box and Gradio's copy (shown while the box is empty) settle every moment of a reply
+    # alike: live.js `settled` and chat/ui/messages.py `settled_copy`, the same steps in two languages
+    # (and one pattern, MAY_BECOME, read by two regular-expression engines).
+    texts = [text for text, _ in HELD_BACK + KEPT] + [DOCUMENT[:i] for i in range(len(DOCUMENT) + 1)]
+    shown = page.evaluate("(texts) => texts.map((text) => window.chatLive.settled(text))", texts)
+    differ = [(text, mine, copy) for text, mine in zip(texts, shown, strict=True) if mine != (copy := settled_copy(text))]
+    assert not differ, f"{len(differ)} of {len(texts)} differ, first (text, page, copy): {differ[:3]}"
 
 
 def test_what_a_reply_may_not_do_it_cannot_do_while_streaming_either(page):

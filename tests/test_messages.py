@@ -12,6 +12,11 @@ HELD_BACK = [  # (the text so far, what Gradio's copy shows of it)
     ("Here:\n| Name | Value |", "Here:\n"),  # a table row before its delimiter row
     ("Steps:\n1.", "Steps:\n"),
     ("Steps:\n-", "Steps:\n"),
+    ("1. The best way is **to plan", "1. The best way is **to plan**"),  # Gradio drew the two stars as text
+    ("and to use `co", "and to use `co`"),
+    ("a [link](https://exam", "a "),
+    ("a half-typed **", "a half-typed "),
+    ("| a | b |\n|---", ""),  # a table before its delimiter row is whole
 ]
 
 
@@ -25,7 +30,7 @@ KEPT = [  # (the text so far, shown whole)
 
 
 @pytest.mark.parametrize(("text", "copy"), [*HELD_BACK, *KEPT])
-def test_the_copy_of_a_reply_being_written_holds_back_a_last_line_that_may_change_form(text, copy):
+def test_the_copy_of_a_reply_being_written_is_settled_as_the_page_s_box_draws_it(text, copy):
     assert settled_copy(text) == copy
 
 

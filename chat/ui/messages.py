@@ -65,15 +65,60 @@ PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n
 # item's marker, a quote, a table row. live.js holds it back from the page's box with this pattern
 # (chat/ui/live_script.py puts it there).
 MAY_BECOME = re.compile(r"^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|[0-9]{1,9}[.)]?|>|\|.*)\s*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_MAY_CLOSE_FENCE = re.compile(r"^ {0,3}(`{1,}|~{1,})\s*$")
+_TABLE_DELIMITER = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+_UNFINISHED = re.compile(r"\[[^\]\n]*(\]\([^)\s]*)?$")  # a [link](address not yet closed
+_HALF_MARKER = re.compile(r"[*_`~]+$")
+_CODE_SPAN = re.compile(r"(`+)[^`]*?\1")
 
 
 def settled_copy(text: str) -> str:
-    """`text` less a last line that may still become other Markdown. Gradio draws its copy of a reply
-    being written as it stands, and a fence whose line has not ended is a paragraph with the fence in
-    it as text ("Sure:\\n```python"); the copy shows while the page's box is empty (a full test run saw it
-    once in a Compare column, between the redraw that made the box and the box's first text)."""
-    head, newline, last = text.rpartition("\n")
-    return head + newline if MAY_BECOME.match(last) else text
+    """`text` as the page's box draws it while it is written (live.js `settled`, the same steps; a
+    browser test compares the two on every prefix of a reply): less a last line that may still
+    become other Markdown, a table not yet followed by its delimiter row, an unfinished link and a
+    half-typed marker, with an open ` or ** closed for now. Gradio draws its copy of a reply as it
+    stands, and that copy shows while the page's box is empty (between the redraw that makes the box
+    and the box's first text, and in a Compare column until the socket's replay has caught up): there
+    a fence whose line has not ended was a paragraph with the fence in it as text, and an open ** was
+    two stars."""
+    lines = text.split("\n")
+    fenced = False
+    for line in lines[:-1]:
+        if _FENCE.match(line):
+            fenced = not fenced
+    last = len(lines) - 1
+    if fenced:  # in a code block: only a line that may close it is held back
+        if _MAY_CLOSE_FENCE.match(lines[last]):
+            lines[last] = ""
+        return "\n".join(lines)
+    if MAY_BECOME.match(lines[last]):
+        lines[last] = ""
+    end = last if lines[last] == "" else last + 1
+    start = end
+    while start > 0 and lines[start - 1].lstrip().startswith("|"):
+        start -= 1
+    if start < end and (end - start < 2 or not _TABLE_DELIMITER.match(lines[start + 1])):
+        del lines[start:end]
+    tail = lines.pop() if lines else ""
+    tail = _HALF_MARKER.sub("", _UNFINISHED.sub("", tail))
+    if opened := _open_code(tail):
+        tail += opened
+    elif _CODE_SPAN.sub("", tail).count("**") % 2:
+        tail = tail.rstrip() + "**"
+    lines.append(tail)
+    return "\n".join(lines)
+
+
+def _open_code(line: str) -> str:
+    """The backticks that would close a code span left open in `line` ("" when none is open)."""
+    opened = ""
+    for run in re.findall(r"`+", line):
+        if not opened:
+            opened = run
+        elif run == opened:
+            opened = ""
+    return opened
 
 
 def live_body(live_id: str, shown: str) -> str:

@@ -22,7 +22,8 @@ body's time limit.
 - **The descriptor limit raised at start** (`use_descriptor_limit`, app.py): a soft limit of 1,024
   (systemd's and Docker's default, kept for programs that use select()) no longer caps the app where
   the hard limit is higher; every process the app starts inherits it, and Caddy (a Go program)
-  raises its own. A hard limit is the operator's to set (docs/operating.md, Limits).
+  raises its own. A hard limit is the operator's to set (docs/operating.md, Limits); with several UI
+  workers the app says so at start where one address could fill it (`front_door_warning`).
 
 uvicorn's names used here (it is Gradio's server, set up in chat/ui/gradio_internals.py, item 6):
 a protocol's `server_state.connections` (the open connections, HTTP and WebSocket) and each one's
@@ -54,6 +55,8 @@ REPORT_EVERY_S = 60.0
 # The soft limit the app raises itself to, where the hard limit allows: as vLLM's own API server does
 # (vllm.utils.system_utils.set_ulimit, 65,535), far above what four UI workers' connections need.
 DESCRIPTORS_WANTED = 65536
+# The most connections one address can hold open to one port: one per source port.
+ONE_ADDRESS_CONNECTIONS = 65535
 LINGER_S = 2.0  # how long the rest of a body refused unread is read and dropped
 
 TOO_MANY_CONNECTIONS = "Too many connections from your address at once; close some and try again in a few seconds."
@@ -72,6 +75,18 @@ def use_descriptor_limit() -> int:
         with contextlib.suppress(ValueError, OSError):  # macOS refuses more than kern.maxfilesperproc
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def front_door_warning(hard_limit: int) -> str | None:
+    """The sentence for the operator of several UI workers whose hard limit on open files one address
+    can fill: Caddy cannot cap connections per address, and an address tells its connections to one
+    port apart by their source ports, so it can hold at most ONE_ADDRESS_CONNECTIONS of them."""
+    if hard_limit == resource.RLIM_INFINITY or hard_limit > ONE_ADDRESS_CONNECTIONS:
+        return None
+    return (f"The hard limit on open files is {hard_limit:,}: with several UI workers, one address that opens that "
+            "many connections keeps everyone else out until they close (the front door cannot cap them per address). "
+            f"Raise it above {ONE_ADDRESS_CONNECTIONS:,} (LimitNOFILE= in systemd, --ulimit nofile= in Docker; "
+            "docs/operating.md, Limits), or serve with one UI worker, which caps them per address itself.")
 
 
 def connections_per_address() -> int:

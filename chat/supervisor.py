@@ -23,6 +23,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -278,6 +279,7 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
     """Serve every preset with `count` UI workers behind Caddy; the exit status."""
     from chat.engine_vllm import UntestedVllm, check_version
     from chat.server import end_children
+    from chat.shedding import front_door_warning
 
     caddy = caddy_binary()
     if caddy is None:
@@ -297,6 +299,8 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
     if args.share:
         log.warning("--share makes no public link with several UI workers (Gradio's link reaches one process); "
                     "publish the front door's port yourself, or use --ui-workers 1.")
+    if warning := front_door_warning(resource.getrlimit(resource.RLIMIT_NOFILE)[1]):
+        log.warning(warning)
     folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
     os.chmod(folder, 0o700)  # only this user: the owner's socket and the engine cores' sockets
     # Before anything imports prometheus_client, in this process and the ones it starts.

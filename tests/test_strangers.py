@@ -24,6 +24,7 @@ import pytest
 from gradio_client import Client
 
 from chat.admin import NOT_ADMIN
+from chat.shedding import front_door_warning
 from chat.stats import REPLIED
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
@@ -290,6 +291,13 @@ def test_a_thousand_stalled_uploads_and_1100_idle_connections_from_a_stranger_le
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert hard >= 4096, f"this test holds 2,100 sockets: a hard limit of {hard} open files is too low"
+    # The app started with this hard limit: where one address could fill it, its log said so once.
+    assert "1,024" in (front_door_warning(1024) or "") and front_door_warning(1 << 20) is None
+    assert front_door_warning(resource.RLIM_INFINITY) is None
+    warned = [line for line in front_door_app.log_path.read_text(errors="replace").splitlines()
+              if "hard limit on open files" in line]
+    expected = front_door_warning(hard)
+    assert len(warned) == (expected is not None) and all(" WARNING " in line and line.endswith(expected) for line in warned), warned
     if soft < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
     port = int(front_door_app.url.rsplit(":", 1)[1].strip("/"))

@@ -164,7 +164,7 @@ async def test_another_visitor_cannot_watch_resume_cancel_or_take_over_a_reply(r
             await strangers_get_unknown_id(stranger, request_id)
             # The same id is free for the stranger: a reply of their own, which they may cancel,
             # and neither touches the owner's.
-            await stranger.send(chat(request_id, LONG, sampling={"max_tokens": 300}))
+            await stranger.send(chat(request_id, LONG, sampling={"max_tokens": 1000}))  # cancelled long before its end
             await first_delta(stranger, request_id)
             await stranger.send(json.dumps({"type": "cancel", "id": request_id}))
             theirs = await events_of(stranger, request_id)

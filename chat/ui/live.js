@@ -48,10 +48,11 @@
   // The text so far, less what could still turn into other syntax (shown once it cannot):
   // a last line that may be the start of a fence, a list item, a heading's underline or a table
   // row; a table not yet followed by its delimiter row; an unfinished link; a half-typed marker;
-  // and with an unclosed ** or ` closed for now, so that neither shows as text.
+  // and with an unclosed ** or ` closed for now, so that neither shows as text. Gradio's copy of
+  // the text is settled by the same steps in chat/ui/messages.py (settled_copy): change both
+  // (tests/test_browser_live.py compares them).
   const FENCE = /^ {0,3}(`{3,}|~{3,})/;
-  // Gradio's copy of the text holds back the same last line: chat/ui/live_script.py puts the pattern
-  // of chat/ui/messages.py in place of this one.
+  // The pattern of chat/ui/messages.py, which chat/ui/live_script.py puts in place of this one.
   const MAY_BECOME = /MAY_BECOME/;
   const MAY_CLOSE_FENCE = /^ {0,3}(`{1,}|~{1,})\s*$/;
   const TABLE_DELIMITER = /^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;

@@ -8,7 +8,7 @@ Gradio's chat (marked 12, GitHub-flavoured, line breaks kept), holding back a la
 still turn into other syntax (an opening fence, a list marker, a table row), so the visitor never
 sees Markdown as text or a block changing form. While the box has content the page hides Gradio's
 own copy of the text after it (style.py); that copy is there for a page whose script or socket
-failed, and it shows for a moment before the box's first text, so it holds back the same last line
+failed, and it shows for a moment before the box's first text, so it is settled the same way
 (`messages.settled_copy`). When the reply ends Gradio draws the finished text, rendered the same way. The line beneath
 the reply ("Writing… 0:03 · 41 tokens") travels with the text and the page shows it as the text
 arrives (in the box `messages.live_line` draws), where Gradio's redraws would show it once a second.

@@ -65,7 +65,7 @@ PLACEHOLDER = re.compile(r'<div class="live-reply stream-([\w-]+)"></div>(?:\n\n
 # item's marker, a quote, a table row. live.js holds it back from the page's box with this pattern
 # (chat/ui/live_script.py puts it there).
 MAY_BECOME = re.compile(r"^ {0,3}(`{1,}[^`\s]*|~{1,}\S*|#{1,6}|[-*+=_]+|[0-9]{1,9}[.)]?|>|\|.*)\s*$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_FENCES = re.compile(r"\n {0,3}(?:`{3,}|~{3,})")  # a line (after a newline) that opens or closes a code block
 _MAY_CLOSE_FENCE = re.compile(r"^ {0,3}(`{1,}|~{1,})\s*$")
 _TABLE_DELIMITER = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 _UNFINISHED = re.compile(r"\[[^\]\n]*(\]\([^)\s]*)?$")  # a [link](address not yet closed
@@ -83,12 +83,10 @@ def settled_copy(text: str) -> str:
     a fence whose line has not ended was a paragraph with the fence in it as text, and an open ** was
     two stars."""
     lines = text.split("\n")
-    fenced = False
-    for line in lines[:-1]:
-        if _FENCE.match(line):
-            fenced = not fenced
     last = len(lines) - 1
-    if fenced:  # in a code block: only a line that may close it is held back
+    head = "\n" + text.rpartition("\n")[0]  # every line but the last, each after a newline
+    # Once per redraw of every reply being written: most replies have no fence to look for.
+    if ("```" in head or "~~~" in head) and len(_FENCES.findall(head)) % 2:  # in a code block: only a line that may close it is held back
         if _MAY_CLOSE_FENCE.match(lines[last]):
             lines[last] = ""
         return "\n".join(lines)

@@ -265,9 +265,10 @@ def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_i
     return RunningApp(url=f"http://127.0.0.1:{port}/", process=process, log_path=log_path)
 
 
-def wait_ready(app: RunningApp, ready_timeout: float = 240, engine_ready: bool = True) -> RunningApp:
+def wait_ready(app: RunningApp, ready_timeout: float = 420, engine_ready: bool = True) -> RunningApp:
     """`app` once healthy (or, with engine_ready=False, once it serves pages while its engine may
-    still be starting)."""
+    still be starting). The bound only ends a failing run: two UI workers with the real engine take
+    70-100 s of CPU to start, two to three times that while the other half of the suite runs."""
     deadline = time.monotonic() + ready_timeout
     while True:
         if app.process.poll() is not None:
@@ -284,7 +285,7 @@ def wait_ready(app: RunningApp, ready_timeout: float = 240, engine_ready: bool =
         time.sleep(0.5)
 
 
-def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 240,
+def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 420,
               engine_ready: bool = True, stand_in: bool = False) -> RunningApp:
     """app.py on a free port, returned once ready (`wait_ready`)."""
     return wait_ready(launch_app(name, *args, env=env, stand_in=stand_in), ready_timeout, engine_ready)

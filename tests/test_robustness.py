@@ -30,7 +30,8 @@ async def test_a_reply_with_no_progress_is_given_up_with_one_sentence(engine, de
     assert reply.notice == (
         "The model produced nothing for 0.05 s, so this reply was stopped; the demo may be very busy, please try again."
     )
-    assert await engine_idle(engine)
+    # Idle once the step that reads the prompt ends, which takes as long as the prompt on a busy CPU.
+    assert await engine_idle(engine, within_s=30)
 
 
 async def test_beyond_the_waiting_limit_a_request_is_refused_at_once(engine, default_preset):

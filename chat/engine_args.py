@@ -1,6 +1,6 @@
-"""vLLM's engine arguments as a preset may give them: their defaults, and each key and value
-checked against `AsyncEngineArgs` (an unknown key gets the closest known one; a wrong type says
-which it should be). Read from vLLM, so a preset is checked against the vLLM installed."""
+"""vLLM's engine arguments as a preset may give them: each key and value checked against
+`AsyncEngineArgs` (an unknown key gets the closest known one; a wrong type says which it should
+be). Read from vLLM, so a preset is checked against the vLLM installed."""
 
 from __future__ import annotations
 
@@ -21,17 +21,6 @@ def _engine_fields() -> dict[str, dataclasses.Field[Any]]:
     from vllm import AsyncEngineArgs
 
     return {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
-
-
-@cache
-def engine_arg_defaults() -> dict[str, Any]:
-    defaults = {}
-    for name, f in _engine_fields().items():
-        if f.default is not dataclasses.MISSING:
-            defaults[name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[name] = f.default_factory()
-    return defaults
 
 
 @cache

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from chat.engine_args import check_engine_args, engine_arg_defaults
+from chat.engine_args import check_engine_args
 from chat.errors import PresetError, SettingsError
 from chat.sampling import KNOB_NAMES, SamplingRules
 
@@ -88,10 +88,6 @@ class Preset:
     def needs_gpu(self) -> bool:
         return self.hardware.device == "gpu"
 
-    def non_default_engine_args(self) -> dict[str, Any]:
-        defaults = engine_arg_defaults()
-        return {key: value for key, value in self.engine.items() if defaults.get(key, object()) != value}
-
 
 @dataclass
 class PresetCatalog:
@@ -138,8 +134,10 @@ class PresetCatalog:
 # --- loading -------------------------------------------------------------------------------
 
 
-def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
-    """Load every *.yaml / *.yml file; problems are collected, never raised."""
+def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR, *, check_engine: bool = True) -> PresetCatalog:
+    """Load every *.yaml / *.yml file; problems are collected, never raised. `check_engine=False`
+    leaves a preset's engine settings to vLLM's own check at the engine's start, for what only reads
+    presets: checking them here imports vLLM (7-10 s of CPU, torch with it)."""
     directory = Path(directory)
     catalog = PresetCatalog()
     if not directory.is_dir():
@@ -148,7 +146,7 @@ def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
     files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
     for path in files:
         try:
-            preset = load_preset(path)
+            preset = load_preset(path, check_engine=check_engine)
         except PresetError as exc:
             catalog.problems[path.stem] = exc.message
             continue
@@ -163,8 +161,9 @@ def load_presets(directory: Path | str = DEFAULT_PRESETS_DIR) -> PresetCatalog:
     return catalog
 
 
-def load_preset(path: Path) -> Preset:
-    """One preset file; PresetError lists every problem found in it, one line each."""
+def load_preset(path: Path, *, check_engine: bool = True) -> Preset:
+    """One preset file; PresetError lists every problem found in it, one line each (`check_engine`:
+    see `load_presets`)."""
     shown = _shown_path(path)
     try:
         if path.stat().st_size > MAX_PRESET_BYTES:
@@ -187,7 +186,7 @@ def load_preset(path: Path) -> Preset:
     if not isinstance(data, dict):
         raise PresetError(f"{shown}: a preset is a YAML mapping of keys (name, description, model, ...).")
 
-    problems = [*_schema_problems(data), *_engine_problems(data.get("engine"))]
+    problems = [*_schema_problems(data), *(_engine_problems(data.get("engine")) if check_engine else [])]
     overrides, sampling_problems = _sampling_overrides(data.get("sampling"))
     problems += sampling_problems
     model, model_kind, model_problem = _resolve_model(data.get("model"), path.parent)

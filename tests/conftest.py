@@ -40,9 +40,11 @@ pytest_plugins = ["tests.costs"]  # each tier's wall and CPU time, printed after
 
 TIERS = ("unit", "engine", "app", "browser")
 EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clean-up (pytest_unconfigure)
-# A test's tier, when its module does not say: the heaviest of what its fixtures start.
+# A test's tier, when its module does not say: the heaviest of what its fixtures start; else `engine`
+# where its module imports vLLM's library (`USES_VLLM = True`: 7-10 s of CPU, torch with it, that
+# `scripts/test --fast` never pays), else `unit`.
 TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app", "front_door_app"},
-                 "engine": {"engine", "registry"}}
+                 "engine": {"engine", "registry", "stand_in_registry"}}
 # The fixtures that start the real engine (the embedded model on vLLM's CPU build), by the module that
 # defines them (test modules whose tests run on the stand-in engine name theirs `registry` and `engine`
 # too). A test that uses one is marked `real_engine`; `scripts/test --dev` runs every other test.
@@ -73,7 +75,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marked:
             continue
         used = set(getattr(item, "fixturenames", ()))
-        tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), "unit")
+        by_module = "engine" if getattr(getattr(item, "module", None), "USES_VLLM", False) else "unit"
+        tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), by_module)
         item.add_marker(tier)
     items.sort(key=lambda item: (item.get_closest_marker(STOPS_FRONT_DOOR) is not None,  # stable
                                  "protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))
@@ -100,7 +103,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     4-12 s of every run by the machine's speed (docs/testing.md), and which nobody needs freed:
     the fixtures have stopped every engine, server and browser the tests started."""
     status = config.stash.get(EXIT_STATUS, None)
-    if status is not None:
+    # Not after a usage or internal error: pytest prints what it was only after this hook.
+    if status is not None and status not in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -111,7 +115,7 @@ def default_preset():
     from chat.presets import load_presets
     from chat.settings import DEFAULT_PRESET
 
-    return load_presets().get(DEFAULT_PRESET)
+    return load_presets(check_engine=False).get(DEFAULT_PRESET)  # vLLM checks its engine settings at its start
 
 
 @pytest.fixture(scope="session")

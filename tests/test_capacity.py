@@ -232,7 +232,7 @@ def test_opening_the_capacity_tab_enables_stop_for_a_running_test_and_never_disa
     from chat.ui import build_ui
 
     registry = EngineRegistry(memory_budget=1e10)  # never started: no engine is needed to build the page
-    service = ChatService(load_presets(), registry, "SmolLM2 135M (CPU)", has_gpu=False)
+    service = ChatService(load_presets(check_engine=False), registry, "SmolLM2 135M (CPU)", has_gpu=False)
     lab = CapacityLab(service)
     page = build_ui(service, Monitor(registry), ReplyStore(), admins=Admins(frozenset({"admin"})), lab=lab)
     capacity = next(block for block in page.blocks.values() if isinstance(block, gr.Tab) and block.id == "capacity")

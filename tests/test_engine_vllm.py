@@ -19,7 +19,7 @@ from chat import engine_vllm
 from chat.engine_vllm import TESTED, UntestedVllm, check_version
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.engine  # vLLM's library in this process, no engine started (pyproject.toml)
 
 
 def vllm_version() -> str:

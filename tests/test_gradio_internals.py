@@ -47,7 +47,7 @@ class GradioSession(SessionState):
 
 @pytest.fixture(scope="module")
 def page():
-    catalog = load_presets()
+    catalog = load_presets(check_engine=False)
     registry = EngineRegistry(memory_budget=1e10)  # never started: no engine is needed to build the page
     service = ChatService(catalog, registry, "SmolLM2 135M (CPU)", has_gpu=False)
     return build_ui(service, Monitor(registry), ReplyStore())

@@ -12,6 +12,8 @@ from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
 from chat.sampling import SamplingRules
 from tests.conftest import ran_app
 
+USES_VLLM = True  # engine settings are checked against vLLM's AsyncEngineArgs (tests/conftest.py: the engine tier)
+
 GOOD = """\
 name: Tiny
 description: A tiny test preset.
@@ -42,7 +44,15 @@ def test_a_good_preset_loads_with_its_ranges(tmp_path):
     assert preset.name == "Tiny" and preset.model_kind == "embedded"
     assert preset.sampling.defaults.temperature == 0.2
     assert preset.sampling.knob("max_tokens").maximum == 512
-    assert preset.non_default_engine_args() == {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
+    assert preset.engine == {"max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
+
+
+def test_without_the_engine_check_its_keys_are_left_to_vllm_s_start(tmp_path):
+    """What only reads presets (the unit tests of the page) need not import vLLM; the app checks them."""
+    path = write(tmp_path, "qwen.yaml", GOOD.replace("max_model_len: 1024", "max_num_seq: 8"))
+    assert load_preset(path, check_engine=False).engine == {"max_num_seq": 8, "kv_cache_memory_bytes": 268435456}
+    assert error_of(path).endswith("unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?")
+    assert "qwen" in load_presets(tmp_path).problems and "Tiny" in load_presets(tmp_path, check_engine=False).presets
 
 
 def test_unknown_engine_key_suggests_the_closest_valid_one(tmp_path):

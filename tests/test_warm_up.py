@@ -14,6 +14,8 @@ import pytest
 from chat.engine import WARM_UP_BATCH, Engine, EngineState, Prompt, warm_up_requests
 from chat.engine_core import EngineSlot
 
+USES_VLLM = True  # vLLM's SamplingParams, no engine started (tests/conftest.py: the engine tier)
+
 
 class CountingLLM:
     """AsyncLLM.generate as the warm-up uses it: a token per step for each request, every request in

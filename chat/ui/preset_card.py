@@ -87,10 +87,11 @@ def _model(preset: Preset) -> str:
 
 
 def _technical(preset: Preset) -> list[str]:
-    lines = ["vLLM engine settings that differ from vLLM's defaults:", ""]
-    engine_args = preset.non_default_engine_args()
-    lines += [f"- `{html.escape(key)}`: {engine_value(key, value)}" for key, value in engine_args.items()]
-    if not engine_args:
+    # Every setting the file gives, those equal to vLLM's defaults too: "enforce_eager: false" beside
+    # another preset's "true" is the difference a reader comparing them looks for.
+    lines = ["vLLM engine settings this preset gives:", ""]
+    lines += [f"- `{html.escape(key)}`: {engine_value(key, value)}" for key, value in preset.engine.items()]
+    if not preset.engine:
         lines.append("- none: vLLM's defaults")
     if preset.timeout_s:
         lines += ["", f"A reply is stopped after {preset.timeout_s:g} s."]

@@ -271,8 +271,9 @@ def launch_app(name: str, *args: str, env: dict[str, str] | None = None, stand_i
 
 def wait_ready(app: RunningApp, ready_timeout: float = 420, engine_ready: bool = True) -> RunningApp:
     """`app` once healthy (or, with engine_ready=False, once it serves pages while its engine may
-    still be starting). The bound only ends a failing run: two UI workers with the real engine take
-    70-100 s of CPU to start, two to three times that while the other half of the suite runs."""
+    still be starting). The bound only ends a failing run: two UI workers' start took ~56 s of CPU in
+    their processes alone on the stand-in engine (2-core EPYC), more on the real one, and a loaded
+    machine shares its two cores with the other half of the suite."""
     deadline = time.monotonic() + ready_timeout
     while True:
         if app.process.poll() is not None:

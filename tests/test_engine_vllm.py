@@ -282,7 +282,7 @@ def test_16_vllms_processes_are_told_by_their_title():
     from vllm.utils.system_utils import set_process_title
 
     # Titled in a forked child (this process keeps its own title), which shares the vLLM this
-    # process has imported: a fresh interpreter spent 5 s of the unit tier importing it again.
+    # process has imported: a fresh interpreter spent 5 s importing it again.
     reader, writer = os.pipe()
     if (child := os.fork()) == 0:
         try:

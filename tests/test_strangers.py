@@ -29,6 +29,7 @@ from chat.stats import REPLIED
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
 from tests.conftest import PROBLEM_LINE, public_address, stranger_url
+from tests.test_stop import quiet
 from tests.test_workers import chat
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
@@ -352,8 +353,9 @@ def test_a_thousand_stalled_uploads_and_1100_idle_connections_from_a_stranger_le
         asked = [asked_s(port, "/healthz") for _ in range(20)]
         assert max(asked) < 1 and statistics.median(asked) < 0.1, [round(a, 3) for a in asked]
         # Caddy sends nobody to a worker that stops answering, so ask each directly: neither ran out of
-        # descriptors (the uploads all went to one, by the stranger's address).
-        assert all(asked_s(worker, "/livez") < 1 for worker in workers)
+        # descriptors (the uploads all went to one, by the stranger's address). An answer, not a quick
+        # one: that worker is still reading the uploads' 1,000 heads, just sent (over 1 s, 2 in 3 runs).
+        assert all(asked_s(worker, "/livez") < 5 for worker in workers)
     finally:
         for s in stalled + idle:
             s.close()
@@ -363,6 +365,10 @@ def test_a_thousand_stalled_uploads_and_1100_idle_connections_from_a_stranger_le
     lines = log_since(front_door_app, start).splitlines()
     assert len([line for line in lines if gone_mid_body.search(line)]) == 1000
     assert not [line for line in lines if PROBLEM_LINE.search(line)], lines[:40]
+    # The next tests share these workers: leave them as found. A full run's next test (twenty curl
+    # calls, routed by address) once had a call's second step reach the other worker while this
+    # flood's ends were still being logged; Caddy may hold a worker out 5 s after a failed request.
+    quiet(front_door_app, for_s=6.0)
 
 
 def test_twenty_curl_two_step_calls_through_the_front_door_are_all_answered(front_door_app):

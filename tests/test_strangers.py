@@ -350,8 +350,11 @@ def test_a_thousand_stalled_uploads_and_1100_idle_connections_from_a_stranger_le
             stalled[-1].sendall(upload)
         until(lambda: (counts := held())[0] >= 2100 and counts[1] >= 1000, 30,
               lambda: f"Caddy never held the stranger's 2,100 connections and the uploads' 1,000 to the workers: {held()}")
+        # Each answered (the flood once took it down for 45 s), most within 100 ms. Not each within 1 s:
+        # Caddy sends /healthz to a worker that may be the one reading the uploads' 1,000 heads (below),
+        # and one of twenty took 1.4 s in a full run on the 2-core EPYC (CI, 3a28744).
         asked = [asked_s(port, "/healthz") for _ in range(20)]
-        assert max(asked) < 1 and statistics.median(asked) < 0.1, [round(a, 3) for a in asked]
+        assert max(asked) < 5 and statistics.median(asked) < 0.1, [round(a, 3) for a in asked]
         # Caddy sends nobody to a worker that stops answering, so ask each directly: neither ran out of
         # descriptors (the uploads all went to one, by the stranger's address). An answer, not a quick
         # one: that worker is still reading the uploads' 1,000 heads, just sent (over 1 s, 2 in 3 runs).

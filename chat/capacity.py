@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import csv
 import enum
+import functools
 import io
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -310,19 +313,22 @@ def machine() -> dict[str, Any]:
         memory_gb = round(psutil.virtual_memory().total / 1e9, 1)
     except ImportError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": memory_gb, "gpus": _gpus(),
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": memory_gb, "gpus": list(_gpus()),
             "os": platform.platform(terse=True), "versions": _versions()}
 
 
-def _gpus() -> list[str]:
+@functools.cache
+def _gpus() -> tuple[str, ...]:
+    """The NVIDIA GPUs' names, as nvidia-smi gives them (scripts/setup asks it too). Not torch's: that
+    would create a CUDA context in this process (memory on every GPU) and cost an import of seconds."""
+    if not (smi := shutil.which("nvidia-smi")):
+        return ()
     try:
-        import torch
-
-        if torch.cuda.is_available():
-            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # no torch, or a broken driver: the report says no GPU rather than failing
-        pass
-    return []
+        listed = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):  # a broken driver: the report says no GPU rather than failing
+        return ()
+    return tuple(name for line in listed.stdout.splitlines() if (name := line.strip()))
 
 
 def _versions() -> dict[str, str]:

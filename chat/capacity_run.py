@@ -314,6 +314,7 @@ class CapacityLab:
             raise InputError(ALREADY_RUNNING)
         if self.lease is not None:
             await self.lease.take_capacity(list(plan.presets), plan.nominal_s, by)
+        await asyncio.to_thread(machine)  # its GPUs are asked of nvidia-smi once per process: not on the event loop
         run = self.current = CapacityRun(self.service, plan, by)
         if self.lease is not None:
             run.on_done = self.lease.give_back_capacity

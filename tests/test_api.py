@@ -74,7 +74,7 @@ IDLE = {"running": 0, "waiting": 0, "unfinished": 0, "streams": 0}
 
 async def test_a_reply_streams_as_deltas_then_stats_then_done(app_server):
     async with websockets.connect(websocket_url(app_server.url)) as ws:
-        await ws.send(chat("full", "Write two sentences about autumn.", sampling={"max_tokens": 40}))
+        await ws.send(chat("full", "Write two sentences about autumn.", sampling={"max_tokens": 80}))
         events = await events_of(ws, "full")
     kinds = [e["type"] for e in events]
     assert kinds[-2:] == ["stats", "done"] and set(kinds[:-2]) <= {"progress", "delta"}
@@ -84,8 +84,8 @@ async def test_a_reply_streams_as_deltas_then_stats_then_done(app_server):
     text = "".join(e["text"] for e in parts)
     assert text.strip() and all(e["id"] == "full" for e in events)
     stats = events[-2]["stats"]
-    assert stats["generated_tokens"] == 40 and stats["finish"] == "max_tokens" and stats["preset"] == PRESET
-    assert stats["sampling"]["temperature"] == 0.0 and stats["sampling"]["max_tokens"] == 40
+    assert stats["generated_tokens"] == 80 and stats["finish"] == "max_tokens" and stats["preset"] == PRESET
+    assert stats["sampling"]["temperature"] == 0.0 and stats["sampling"]["max_tokens"] == 80
     assert 0 < stats["first_token_s"] <= stats["total_s"] and stats["tokens_per_s"] > 0
     assert events[-1] == {"type": "done", "id": "full", "finish": "max_tokens"}
     # The events are kept a while: a client can resume from any delta, even after the end.

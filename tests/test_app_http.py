@@ -27,7 +27,7 @@ def final_title(messages):
 
 
 def test_a_reply_streams_over_http_with_stats_beneath_it(client, app_server):
-    job = chat(client, "Write two sentences about autumn.", max_tokens=40)
+    job = chat(client, "Write two sentences about autumn.", max_tokens=80)  # ~1.2 s of updates on the stand-in
     texts = []
     for update in job:
         body = [m["content"] for m in update if not m.get("metadata")]
@@ -38,7 +38,7 @@ def test_a_reply_streams_over_http_with_stats_beneath_it(client, app_server):
     assert all(later.startswith(earlier) for earlier, later in zip(growing, growing[1:], strict=False))
     assert messages[0]["content"] == growing[-1]
     title = final_title(messages)
-    assert title.startswith(f"📊 {REPLIED} ") and "40 tokens at " in title and " a second · " in title
+    assert title.startswith(f"📊 {REPLIED} ") and "80 tokens at " in title and " a second · " in title
     assert "reached the Max tokens limit" in title
     assert "| Preset | SmolLM2 135M (CPU) |" in messages[-1]["content"]
     assert app_server.wait_idle()["engines"][0]["running"] == 0

@@ -126,7 +126,9 @@ async def test_a_visitor_goes_before_test_requests_waiting_for_a_slot(two_slots,
         return ReplyRequest("Tell me a story about the sea.", preset=preset.name, sampling={"max_tokens": tokens},
                             priority=priority)
 
-    running = [asyncio.ensure_future(first_token_at(two_slots, ask(SYNTHETIC_PRIORITY, 96))) for _ in range(2)]
+    # 256 tokens (~3.8 s on the stand-in) keep both slots taken while the next two are asked for and seen
+    # waiting (96, ~1.4 s, left a loaded machine little room).
+    running = [asyncio.ensure_future(first_token_at(two_slots, ask(SYNTHETIC_PRIORITY, 256))) for _ in range(2)]
     assert await eventually(lambda: engine.load.running == 2, within_s=20)
     waiting = asyncio.ensure_future(first_token_at(two_slots, ask(SYNTHETIC_PRIORITY, 8)))
     assert await eventually(lambda: engine.streams == 3 and engine.load.waiting == 1, within_s=10)

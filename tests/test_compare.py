@@ -315,7 +315,7 @@ def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
     growth: dict[int, list[float]] = {0: [], 1: []}
     seen = {0: "", 1: ""}
     sent = time.monotonic()
-    job = client.submit(*compare_inputs("Write a short poem about the sea.", 40), api_name="/compare")
+    job = client.submit(*compare_inputs("Write a short poem about the sea.", 80), api_name="/compare")
     chatbots = None
     for update in job:
         chatbots = column_chats(update)
@@ -331,7 +331,7 @@ def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
     a, b = ([t - sent for t in growth[column]] for column in (0, 1))
     print(f"\ntext grew, seconds after sending: A {a[0]:.2f}..{a[-1]:.2f} ({len(a)} updates), B {b[0]:.2f}..{b[-1]:.2f} ({len(b)} updates)")
     titles = [messages[-1]["metadata"]["title"] for messages in chatbots[:2]]
-    assert all(title.startswith(f"📊 {REPLIED}") and "40 tokens" in title for title in titles), titles
+    assert all(title.startswith(f"📊 {REPLIED}") and "80 tokens" in title for title in titles), titles
     assert app_server.wait_idle()["engines"][0]["running"] == 0
 
 

@@ -57,7 +57,8 @@ async def run_round(url: str, count: int, abandon_every: int = 0) -> list[ChatRe
             # A reader who leaves asks for a long reply, so it is still being written when they go: a
             # 24-token one can end within the two updates it waits for when the machine is busy, and
             # so could a list of colours within 400 (the model ended one on its own in a slow hour). The
-            # stand-in engine writes 1,000 tokens in ~30 s, longer than 64 readers take to leave a busy app.
+            # stand-in engine writes 1,000 tokens in ~15 s (the presets allow at most 1,024), longer than 64
+            # readers take to leave a busy app.
             if leave:
                 message, max_tokens = f"Conversation {i}: write a long story about {i % 7 + 2} colours.", 1000
             else:

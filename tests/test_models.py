@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -143,7 +144,7 @@ class FakeHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -151,19 +152,36 @@ class FakeHub:
 
 
 @pytest.fixture
-def fake_hub(hub_cache, monkeypatch):
+def hub_source(tmp_path) -> Path:
+    """The repo the fake hub serves: the embedded model's files with 60 MB of stand-in weights (its
+    270 MB took 3 s to serve and check; the download's progress is what the test reads). Over 50 MB,
+    the weights' lines ("... of 0.1 GB") differ from the small files' ("... of 0.0 GB")."""
+    source = embedded.ensure_converted(report=print)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for file in source.iterdir():
+        if file.is_file() and file.name != "model.safetensors":
+            shutil.copy(file, repo / file.name)
+    (repo / "model.safetensors").write_bytes(os.urandom(1 << 20) * 60)
+    return repo
+
+
+@pytest.fixture
+def fake_hub(hub_cache, hub_source, monkeypatch):
     import huggingface_hub.constants as hub
 
-    server = FakeHub(REPO, embedded.ensure_converted(report=print))
+    server = FakeHub(REPO, hub_source)
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    # 1 MB a read (10 MB as shipped): the small weights still come in enough steps to report percents.
+    monkeypatch.setattr(hub, "DOWNLOAD_CHUNK_SIZE", 1 << 20)
     monkeypatch.setattr(hub, "ENDPOINT", server.url)
     monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
     yield server
     server.close()
 
 
-def test_a_hub_model_is_downloaded_once_with_progress(fake_hub, tmp_path):
-    source = embedded.ensure_converted(report=print)
+def test_a_hub_model_is_downloaded_once_with_progress(fake_hub, hub_source, tmp_path):
+    source = hub_source
     lines: list[str] = []
     folder = resolve_model(hub_preset(tmp_path, REPO), report=lines.append)
     for name in ("config.json", "model.safetensors", "tokenizer.json"):

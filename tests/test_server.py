@@ -64,6 +64,7 @@ def test_a_frozen_process_and_all_it_was_starting_are_killed_with_nothing_left(a
         with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
+        parent.stdout.close()  # else a ResourceWarning in whichever test the collector runs next
 
 
 STOPPED_IN_A_FINALIZER = """

@@ -16,8 +16,9 @@ Caddyfile written here:
   `X-Forwarded-For` (Caddy replaces whatever a client sent there); timeouts on request heads, bodies
   and idle connections (a worker's 408 for a late body closes the visitor's connection); a cap on
   connections to each worker; each worker's `/livez` checked every second (out of the rotation
-  after three failed checks in a row); a request that finds its worker down is tried on another
-  for up to 5 s.
+  after three failed checks in a row, ~2-3 s for a worker that is gone); a request that finds its
+  worker down is tried again, and on another once that one is out, for up to 8 s. A visitor who goes
+  away mid-request takes no worker out (no passive health check).
 """
 
 from __future__ import annotations
@@ -58,14 +59,19 @@ IDLE_TIMEOUT_S = 30  # a browser opens a new connection for free; an idle one ho
 STOP_GRACE_S = 2
 MAX_HEADER_BYTES = 32 * 1024
 MAX_CONNS_PER_WORKER = 4096
-RETRY_FOR_S = 5
+RETRY_FOR_S = 8  # a dead worker is out of the rotation in ~2-3 s (below): room on a loaded machine
 # A worker leaves the rotation after HEALTH_FAILS checks of `/livez` in a row fail (each HEALTH_TIMEOUT_S,
 # one a second), not at the first: a worker whose event loop is merely slow (a flood, two busy
 # cores) would else be taken out and its visitors sent to the others, which slows them in turn; both
 # out at once, and every request gets 503 for RETRY_FOR_S. (A full run on the 2-core EPYC once
 # answered tests/test_strangers.py's flood some of Caddy's 503s; not reproduced, and a slow worker
-# taken out is one way to it, not a known cause.) A worker that is gone refuses at once: Caddy's
-# passive check (`fail_duration`) takes it out at the first refusal, and the request tries another.
+# taken out is one way to it, not a known cause.) A worker that is gone refuses its checks at once:
+# out within ~2-3 s, while a request for it is tried again every 100 ms (RETRY_FOR_S in all).
+# No passive check (`fail_duration`): Caddy may count a client that goes away mid-upload as a failure
+# of the worker (`flush_interval -1` keeps the request's context alive after the client has gone, and
+# the round trip can end on the missing body before the worker's answer), so a stranger's aborted
+# upload could take a worker out for `fail_duration` and move every visitor on it, cookie or not, to
+# another worker, where their Gradio sessions do not exist (tests/test_strangers.py).
 HEALTH_TIMEOUT_S = 5
 HEALTH_FAILS = 3
 # What a request gets when no worker answered within RETRY_FOR_S: while the app starts, or all its
@@ -111,7 +117,6 @@ def caddyfile(host: str, port: int, worker_ports: list[int], secret: str) -> str
 			}}
 			lb_try_duration {RETRY_FOR_S}s
 			lb_try_interval 100ms
-			fail_duration 5s
 			health_uri /livez
 			health_interval 1s
 			health_timeout {HEALTH_TIMEOUT_S}s

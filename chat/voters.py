@@ -22,11 +22,13 @@ in the request's state, where the WebSocket API and the page's Gradio events ali
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +48,18 @@ class VoterKeys:
         path = Path(str(votes_db) + ".key")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
+            # Written whole under another name, then linked in place (which fails if one is there): a
+            # process that finds the file reads a whole key. Created in place, a UI worker starting
+            # beside another could read it empty, and the two then signed with two keys: half the
+            # votes were refused as without a cookie (a full run of tests/test_strangers.py).
+            descriptor, written = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")  # mode 0600
             try:
-                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                with os.fdopen(descriptor, "wb") as file:
                     file.write(secrets.token_bytes(32))
-            except FileExistsError:
-                pass
+                with contextlib.suppress(FileExistsError):  # another process's key is the one
+                    os.link(written, path)
+            finally:
+                os.unlink(written)
         return cls(path.read_bytes())
 
     def _sign(self, voter: str) -> str:

@@ -49,7 +49,7 @@ def test_two_conversations_at_once_both_complete_and_overlap(client):
     results = {}
 
     def converse(index):
-        job = chat(client, f"List {index + 3} kinds of trees.", max_tokens=32)
+        job = chat(client, f"List {index + 3} kinds of trees.", max_tokens=96)  # ~1.4 s each: room to overlap when busy
         for _ in job:
             arrivals[index].append(time.monotonic())
         results[index] = job.outputs()[-1]
@@ -61,7 +61,7 @@ def test_two_conversations_at_once_both_complete_and_overlap(client):
         thread.join(timeout=120)
     assert set(results) == {0, 1}
     for messages in results.values():
-        assert "32 tokens" in final_title(messages)
+        assert "96 tokens" in final_title(messages)
     assert arrivals[1][0] < arrivals[0][-1] and arrivals[0][0] < arrivals[1][-1]
 
 

@@ -102,45 +102,47 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, front_door_app):
     from tests.test_browser_compare import set_number, watch_columns
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(stranger_url(front_door_app))
-    page.get_by_role("tab", name="Compare").click()
-    page.locator("#compare-prompt textarea").wait_for()
-    page.locator("#compare-heading-1").wait_for(state="visible")  # both presets picked, as the tab starts
-    page.locator("#compare-blind input").check()
-    page.locator("#compare-settings").get_by_text("Settings per preset").click()
-    set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")
-    # All but the last of the hour's votes as the same visitor (the page's voter cookie) through the
-    # API, which is quicker than the page; the page then casts the last one and is refused the next.
-    # Four at once, each its own session with the page's cookie, as four tabs of one visitor.
-    voter = next(c["value"] for c in context.cookies() if c["name"] == VOTER_COOKIE)
-    settings = {"max_tokens": 2, "temperature": 0.0}
+    try:  # closed however it ends: its page would hold connections from the stranger's address (the flood test counts them)
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(stranger_url(front_door_app))
+        page.get_by_role("tab", name="Compare").click()
+        page.locator("#compare-prompt textarea").wait_for()
+        page.locator("#compare-heading-1").wait_for(state="visible")  # both presets picked, as the tab starts
+        page.locator("#compare-blind input").check()
+        page.locator("#compare-settings").get_by_text("Settings per preset").click()
+        set_number(page, "#compare-knob-0-max_tokens input[type=number]", "2")
+        # All but the last of the hour's votes as the same visitor (the page's voter cookie) through the
+        # API, which is quicker than the page; the page then casts the last one and is refused the next.
+        # Four at once, each its own session with the page's cookie, as four tabs of one visitor.
+        voter = next(c["value"] for c in context.cookies() if c["name"] == VOTER_COOKIE)
+        settings = {"max_tokens": 2, "temperature": 0.0}
 
-    def votes(first: int) -> list[bool]:
-        api = Client(stranger_url(front_door_app), verbose=False, httpx_kwargs={"cookies": {VOTER_COOKIE: voter}})
-        cast = []
-        for i in range(first, VOTES_PER_VOTER - 1, 4):
-            api.predict([CREATIVE, DETERMINISTIC], True, f"Say the letter {i}.", [settings, settings], api_name="/compare")
-            cast.append(api.predict("A", None, api_name="/vote")["ok"])
-        return cast
+        def votes(first: int) -> list[bool]:
+            api = Client(stranger_url(front_door_app), verbose=False, httpx_kwargs={"cookies": {VOTER_COOKIE: voter}})
+            cast = []
+            for i in range(first, VOTES_PER_VOTER - 1, 4):
+                api.predict([CREATIVE, DETERMINISTIC], True, f"Say the letter {i}.", [settings, settings], api_name="/compare")
+                cast.append(api.predict("A", None, api_name="/vote")["ok"])
+            return cast
 
-    with ThreadPoolExecutor(4) as pool:
-        cast = [ok for some in pool.map(votes, range(4)) for ok in some]
-    assert len(cast) == VOTES_PER_VOTER - 1 and all(cast), cast
-    said = []
-    for i in range(2):
-        if i:
-            page.locator("#compare-new").click()
-            page.wait_for_function("document.querySelector('#compare-chat-0 .bot-row') === null")
-        page.locator("#compare-prompt textarea").fill(f"Say the number {i}.")
-        page.locator("#compare-prompt textarea").press("Enter")
-        watch_columns(page, done="Stats are shown after you vote")
-        page.locator("#compare-vote-0").click()
-        page.wait_for_function("/You voted|votes in the last hour|from your network/.test("
-                               "document.querySelector('#compare-status')?.innerText)")
-        said.append(page.locator("#compare-status").inner_text())
-    context.close()
+        with ThreadPoolExecutor(4) as pool:
+            cast = [ok for some in pool.map(votes, range(4)) for ok in some]
+        assert len(cast) == VOTES_PER_VOTER - 1 and all(cast), cast
+        said = []
+        for i in range(2):
+            if i:
+                page.locator("#compare-new").click()
+                page.wait_for_function("document.querySelector('#compare-chat-0 .bot-row') === null")
+            page.locator("#compare-prompt textarea").fill(f"Say the number {i}.")
+            page.locator("#compare-prompt textarea").press("Enter")
+            watch_columns(page, done="Stats are shown after you vote")
+            page.locator("#compare-vote-0").click()
+            page.wait_for_function("/You voted|votes in the last hour|from your network/.test("
+                                   "document.querySelector('#compare-status')?.innerText)")
+            said.append(page.locator("#compare-status").inner_text())
+    finally:
+        context.close()
     assert "You voted" in said[0], said
     assert TOO_MANY_FROM_VOTER in said[1], said
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,29 @@ def test_a_voter_cookie_is_the_servers_and_cannot_be_forged_or_edited(tmp_path):
     assert again.voter(value) == voter
     assert oct((tmp_path / "votes.sqlite3.key").stat().st_mode & 0o777) == "0o600"
     assert VoterKeys.beside(tmp_path / "other.sqlite3").voter(value) is None
+
+
+def test_workers_starting_at_once_sign_with_one_key(tmp_path):
+    """UI workers read the key as they start, side by side: one that found the file another had just
+    created read it empty, and the two signed with two keys (151 of 200 rounds of eight threads)."""
+    import threading
+
+    def start_worker(votes_db: Path, barrier: threading.Barrier, issued: list[str]) -> None:
+        barrier.wait()
+        issued.append(VoterKeys.beside(votes_db).issue())
+
+    for round_ in range(50):
+        votes_db = tmp_path / f"votes-{round_}.sqlite3"
+        barrier = threading.Barrier(8)
+        issued: list[str] = []
+        workers = [threading.Thread(target=start_worker, args=(votes_db, barrier, issued)) for _ in range(8)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        keys = VoterKeys.beside(votes_db)
+        assert all(keys.voter(value) for value in issued), f"round {round_}: a worker signed with another key"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"votes-{r}.sqlite3.key" for r in range(50)), "nothing left beside"
 
 
 def test_each_voter_and_each_address_gets_a_few_votes_an_hour(tmp_path):

@@ -22,18 +22,18 @@ in the request's state, where the WebSocket API and the page's Gradio events ali
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import ipaddress
 import os
 import secrets
-import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 COOKIE = "chat_voter"
+KEY_BYTES = 32
 COOKIE_MAX_AGE_S = 365 * 24 * 3600
 NEEDS_COOKIE = "Votes need this site's cookie, which your browser or program did not send; allow cookies and reload the page."
 
@@ -48,19 +48,20 @@ class VoterKeys:
         path = Path(str(votes_db) + ".key")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            # Written whole under another name, then linked in place (which fails if one is there): a
-            # process that finds the file reads a whole key. Created in place, a UI worker starting
-            # beside another could read it empty, and the two then signed with two keys: half the
-            # votes were refused as without a cookie (a full run of tests/test_strangers.py).
-            descriptor, written = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")  # mode 0600
-            try:
-                with os.fdopen(descriptor, "wb") as file:
-                    file.write(secrets.token_bytes(32))
-                with contextlib.suppress(FileExistsError):  # another process's key is the one
-                    os.link(written, path)
-            finally:
-                os.unlink(written)
-        return cls(path.read_bytes())
+            try:  # several processes may race: one creates it
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                    file.write(secrets.token_bytes(KEY_BYTES))
+            except FileExistsError:
+                pass
+        # The file exists from its creation, its key a moment later: a UI worker starting beside the one
+        # that created it read it empty, and the two signed with two keys (half the votes were refused
+        # as without a cookie). Wait for the whole key (any filesystem: no rename or link needed).
+        deadline = time.monotonic() + 10
+        while len(key := path.read_bytes()) < KEY_BYTES:
+            if time.monotonic() > deadline:
+                raise OSError(f"{path} holds no whole key; remove it and start again")
+            time.sleep(0.01)
+        return cls(key)
 
     def _sign(self, voter: str) -> str:
         return hmac.new(self._key, f"voter {voter}".encode(), hashlib.sha256).hexdigest()[:32]

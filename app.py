@@ -69,8 +69,8 @@ def run() -> None:
 
 
 def spawned() -> None:
-    """What a process spawned for the app does first: a UI worker, an engine core or its worker
-    (tests/stand_in.py's spawned processes too)."""
+    """What a process multiprocessing starts for the app does first: a UI worker (forked from the
+    worker server, chat/supervisor.py), an engine core or its worker (tests/stand_in.py's too)."""
     from chat import lifeline
 
     lifeline.leave_terminal_group()  # the app's main process stops it (chat/lifeline.py)

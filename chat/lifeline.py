@@ -2,10 +2,11 @@
 
 A stop by signal lets the app end what it started (chat/server.py, chat/supervisor.py); SIGKILL, the
 out-of-memory killer or a crash do not, and the engine cores kept their memory (a GPU's) and Caddy
-the public port. So every process multiprocessing spawns for the app (UI workers, vLLM's engine
-cores and their workers) imports app.py as `__mp_main__`, which calls `end_with_parent()`; a forked
-one does the same (`forked_processes_leave_the_group`); Caddy gets SIGTERM from the kernel
-(`ends_with_parent`).
+the public port. So every process multiprocessing starts for the app (UI workers, vLLM's engine
+cores and their workers) imports app.py as `__mp_main__`, which calls `end_with_parent()`; a process
+vLLM forks does the same (`forked_processes_leave_the_group`). The UI workers' parent is the server
+they are forked from (chat/supervisor.py), which watches the app in turn (chat/worker_server.py);
+Caddy gets SIGTERM from the kernel (`ends_with_parent`).
 
 A terminal's Ctrl-C, and a stop that signals the app's process group, reached every process at
 once: vLLM's worker quit, its core saw it die (two tracebacks), the app began a restart, and shared

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -29,6 +30,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +51,12 @@ log = logging.getLogger("chat.supervisor")
 
 STOP_WAIT_S = 15.0
 FRONT_DOOR_START_S = 10.0
+# What the worker server (multiprocessing's forkserver) imports once, before it forks each UI worker:
+# chat.worker_server first (it joins the app's lifeline), then Gradio and the page's modules (chat.ui
+# before Gradio: chat/ui/gradio_import.py must see Gradio load), then vLLM's front end. Spawned, each
+# worker imported them itself: ~15 s of CPU a worker on the 2-core EPYC, and a replaced worker served
+# that much later. A name that fails to import is skipped there (the worker imports it as before).
+WORKER_IMPORTS = ("chat.worker_server", "chat.ui", "chat.server", "vllm.v1.engine.async_llm")
 
 
 def private_port() -> socket.socket:
@@ -129,7 +137,7 @@ class Supervisor:
         self.workers = [WorkerProcess(i, private_port(), WorkerState.STARTING) for i in range(count)]
         self.stopping = asyncio.Event()
         self.ending = False  # the workers and the front door stop now: not started again
-        self.spawn = multiprocessing.get_context("spawn")
+        self.forks = multiprocessing.get_context("forkserver")  # the worker server: start_worker_server()
         self.front = FrontDoor(args.host, args.port, [w.port for w in self.workers], folder)
         self.owner = EngineOwner(catalog, folder, count, memory_budget(args), args.max_waiting)
         self.owner.worker_states = lambda: [WorkerView(index=w.index, state=w.state) for w in self.workers]
@@ -202,13 +210,41 @@ class Supervisor:
             await self.open_front_door()
 
     def start_worker(self, worker: WorkerProcess) -> None:
+        """Fork a worker's process from the worker server (WORKER_IMPORTS), on a thread: the first
+        start waits while that server imports (seconds), which the event loop must not."""
+        if self.ending:
+            return
         worker_args = argparse.Namespace(**{**vars(self.args), "host": "127.0.0.1", "port": worker.port, "share": False})
-        # The socket travels to the spawned process as a duplicated descriptor (multiprocessing's reduction).
-        process = self.spawn.Process(target=run_worker, args=(worker_args, worker.index, self.folder, worker.bound),
+        # The socket travels to the new process as a duplicated descriptor (multiprocessing's reduction).
+        process = self.forks.Process(target=run_worker, args=(worker_args, worker.index, self.folder, worker.bound),
                                      name=f"UIWorker-{worker.index}")
-        process.start()
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            try:
+                process.start()
+            except (OSError, EOFError) as exc:  # the worker server ended (the app stops) or could not start
+                then: functools.partial[None] = functools.partial(self.worker_not_started, worker, exc)
+            else:
+                then = functools.partial(self.worker_started, worker, process)
+            with contextlib.suppress(RuntimeError):  # the event loop has closed: the app has stopped
+                loop.call_soon_threadsafe(then)
+
+        # A daemon thread, not the loop's executor: a stop must not wait for the server's imports.
+        threading.Thread(target=start, name=f"start UI worker {worker.index}", daemon=True).start()
+
+    def worker_started(self, worker: WorkerProcess, process: BaseProcess) -> None:
+        if self.ending:  # started as the app stopped: stop_workers did not see it
+            process.terminate()
+            return
         worker.process = process
         asyncio.get_running_loop().add_reader(process.sentinel, self.worker_ended, worker, process)
+
+    def worker_not_started(self, worker: WorkerProcess, exc: BaseException) -> None:
+        if self.ending:
+            return
+        log.error("UI worker %d could not start (%s); trying again in 1 s", worker.index, first_line(exc) or type(exc).__name__)
+        asyncio.get_running_loop().call_later(1.0, self.start_worker, worker)
 
     def worker_ended(self, worker: WorkerProcess, process: BaseProcess) -> None:
         """A worker's process ended: its port refuses at once, and another starts on it."""
@@ -277,14 +313,39 @@ class Supervisor:
 
 def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> int:
     """Serve every preset with `count` UI workers behind Caddy; the exit status."""
-    from chat.engine_vllm import UntestedVllm, check_version
     from chat.server import end_children
-    from chat.shedding import front_door_warning
 
     caddy = caddy_binary()
     if caddy is None:
         print(MISSING, file=sys.stderr)
         return 2
+    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
+    os.chmod(folder, 0o700)  # only this user: the owner's socket and the engine cores' sockets
+    # Before anything imports prometheus_client, in this process and the ones it starts.
+    (metrics_dir := folder / "metrics").mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    try:
+        start_worker_server()
+        return supervise_in(folder, args, catalog, count, caddy)
+    finally:
+        end_children()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_worker_server() -> None:
+    """Start the server the UI workers are forked from now: its imports (WORKER_IMPORTS, ~15 s of CPU)
+    run beside this process's own, not after them."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(list(WORKER_IMPORTS))
+    forkserver.ensure_running()
+
+
+def supervise_in(folder: Path, args: argparse.Namespace, catalog: PresetCatalog, count: int, caddy: Path) -> int:
+    """`supervise`, in the app's folder, once the worker server starts."""
+    from chat.engine_vllm import UntestedVllm, check_version
+    from chat.shedding import front_door_warning
+
     try:
         check_version(args.allow_untested_vllm)  # here once: the UI workers do not check again
         catalog.get(args.preset)
@@ -301,16 +362,8 @@ def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> i
                     "publish the front door's port yourself, or use --ui-workers 1.")
     if warning := front_door_warning(resource.getrlimit(resource.RLIMIT_NOFILE)[1]):
         log.warning(warning)
-    folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
-    os.chmod(folder, 0o700)  # only this user: the owner's socket and the engine cores' sockets
-    # Before anything imports prometheus_client, in this process and the ones it starts.
-    (metrics_dir := folder / "metrics").mkdir()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     try:
         return asyncio.run(Supervisor(args, catalog, count, caddy, folder).run())
     except Exception as exc:
         log.error("The app stopped: %s", first_line(exc))
         raise
-    finally:
-        end_children()
-        shutil.rmtree(folder, ignore_errors=True)

@@ -107,7 +107,7 @@ if __name__ == "__main__":
     import app
 
     app.run()  # as `python app.py` ends: the stop's lines, no teardown
-elif __name__ == "__mp_main__":  # a process the app spawned (a UI worker): as app.py's, on the stand-in too
+elif __name__ == "__mp_main__":  # a process the app started (a UI worker): as app.py's, on the stand-in too
     sys.path.insert(0, str(ROOT))
     import app
 

@@ -251,11 +251,15 @@ class Supervisor:
         from prometheus_client import multiprocess
 
         from chat import metrics
-        from chat.control import WorkerState, background
+        from chat.control import WorkerState
 
         asyncio.get_running_loop().remove_reader(process.sentinel)
         if self.ending:
             return
+        # Read now, on this thread: the worker server has written the exit status to the sentinel's pipe
+        # (which woke us), and it can be read once: the next start's poll of every child (multiprocessing's
+        # own, on the starting thread) read it first in a fresh run and left "exit code 255" here.
+        code = process.exitcode
         if process.pid is not None:  # its gauges no longer count in the whole app's sums
             multiprocess.mark_process_dead(process.pid)
         # Refuse connections (the front door then tries another worker at once), but stay bound until
@@ -264,18 +268,11 @@ class Supervisor:
         with contextlib.suppress(OSError):  # not listening
             worker.bound.shutdown(socket.SHUT_RD)
         worker.bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-        background(self.say_ended(worker.index, process))
+        log.error("UI worker %d stopped (exit code %s); starting another", worker.index, code)
         worker.state = WorkerState.RESTARTING
         metrics.UI_WORKER_UP.labels(str(worker.index)).set(0)
         self.owner.forget(worker.index)
         self.start_worker(worker)
-
-    @staticmethod
-    async def say_ended(index: int, process: BaseProcess) -> None:
-        # The sentinel can close a moment before the kernel has the process's exit status ("exit code
-        # None" was logged once): wait for it off the event loop.
-        await asyncio.to_thread(process.join, 5)
-        log.error("UI worker %d stopped (exit code %s); starting another", index, process.exitcode)
 
     async def serving(self, worker: WorkerProcess) -> None:
         """A worker whose first engine start has ended serves once it listens (at once, as a rule)."""

@@ -169,10 +169,19 @@ def test_undo_puts_the_message_back_in_the_box(page):
 
 
 def test_edit_regenerates_from_the_edited_message(page):
+    """Edit, clicked the moment the reply's stats show: the page shows them a moment before the turn's
+    last update (held back a second here, as a busy machine does), and an edit made then lost its
+    reply (a fresh CI run). The buttons beneath the messages wait for the turn's end."""
+    page.add_init_script(LATE_TURN_ENDS)
+    page.reload()
+    wait_drawn(page)
     send(page, "Name one fruit.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     first = titles(page)[-1]
-    page.get_by_role("button", name="Edit").last.click()
+    during = page.evaluate("""() => [document.querySelector('#message textarea').disabled,
+        [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
+    assert not during[0] or set(during[1]) <= {"hidden"}, f"the turn is not over, yet buttons show: {during}"
+    page.get_by_role("button", name="Edit").last.click()  # waits until it shows
     box = page.locator("#chatbot .user-row textarea").last
     box.fill("Name one vegetable, in a single word.")
     box.press("Enter")  # sends, as in the message box

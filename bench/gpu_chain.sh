@@ -27,6 +27,7 @@
 #    With ONE_STREAM=1, then: one stream's first text, the app before one owner per reply (.gpu/before:
 #    `git archive 66125b2 app.py chat presets`) and after (.gpu/after, the same of HEAD) beside one raw
 #    engine, 6 GiB of KV cache each, rounds interleaved until the chain's time (CHAIN_S after start) is spent.
+# one: that comparison alone (STEPS=one CHAIN_S=560: one device command).
 # readers: 512 and 1,024 simultaneous new conversations (issue 48, part 1), in turn: the raw engine alone
 #    on the GPU, then the app alone (eight UI workers behind Caddy, the browser's path), each with the
 #    KV cache that fits beside the 8B weights (bench.gpu kv_alone: 100 GiB on an H200, 54 on an 80 GB
@@ -66,6 +67,16 @@ follow() {  # follow the chain's log for up to $1 seconds, then copy what it has
   cp $C/log "$OUT/chain.log"
 }
 
+one_stream() {  # the app before one owner per reply and after, beside one raw engine, one stream's first text
+  for cache in vllm-cache triton; do  # the app's compile caches for both apps (same model and shapes), when rates ran
+    for name in after before; do [[ -d /tmp/$cache-w8 ]] && cp -a /tmp/$cache-w8 /tmp/$cache-$name; done
+  done
+  local left=$(( $(cat $C/t0) + CHAIN_S - $(date +%s) - 45 ))
+  python3 -m bench.gpu --tok .gpu/tok --kv-gib 6 --gpu-mem 0.3 \
+    --app after:ui_workers=8:browser=1:api=0:root=. --app before:ui_workers=8:browser=1:api=0:root=.gpu/before \
+    --levels 1,1,1,1,1,1,1,1,1,1,1,1 --requests 1:8 --max-tokens 64 --rates "" --deadline "$left" --out $C/one
+}
+
 case "${1:-}" in
 start)
   [[ -d /tmp/site/vllm ]] || { echo "STAGE LOST: /tmp/site missing"; exit 3; }
@@ -102,16 +113,9 @@ run)
   python3 -m bench.gpu --tok .gpu/tok --kv-gib "$kv_gib" --app w8:ui_workers=8:browser=1:api=0:visitor=1:timeline=1 \
     --levels "" --rates "${RATES:-10,20,30}" --rate-rounds 3 --rates-beyond "${RATES_BEYOND-40,50}" --rate-seconds 30 --client-procs 6 \
     --deadline "$RATES_DEADLINE" --out $C/rates
-  if [[ ${ONE_STREAM:-0} == 1 ]]; then
-  for cache in vllm-cache triton; do  # the app's compile caches for both apps of step 2 (same model and shapes)
-    for name in after before; do [[ -d /tmp/$cache-w8 ]] && cp -a /tmp/$cache-w8 /tmp/$cache-$name; done
-  done
-  left=$(( t0 + CHAIN_S - $(date +%s) - 45 ))
-  python3 -m bench.gpu --tok .gpu/tok --kv-gib 6 --gpu-mem 0.3 \
-    --app after:ui_workers=8:browser=1:api=0:root=. --app before:ui_workers=8:browser=1:api=0:root=.gpu/before \
-    --levels 1,1,1,1,1,1,1,1,1,1,1,1 --requests 1:8 --max-tokens 64 --rates "" --deadline "$left" --out $C/one
-  fi
+  [[ ${ONE_STREAM:-0} == 1 ]] && one_stream
   ;;
+  one) one_stream;;
   readers)
   python3 -m bench.gpu --tok .gpu/tok --in-turn ${KV_GIB:+--kv-gib "$KV_GIB"} --max-num-seqs 1024 \
     --app w8:ui_workers=8:browser=1:api=0 --levels 512,1024 --rounds 3 --rates "" --client-procs 6 \

@@ -192,6 +192,25 @@ def test_edit_regenerates_from_the_edited_message(page):
     assert len(users) == 1 and "vegetable" in users[0] and "fruit" not in users[0], users
 
 
+def test_the_message_box_waits_while_a_retry_is_written(page):
+    """Retry runs Gradio's own events, which leave the message box open: a message sent while the
+    retry's reply was written wrote a second reply into the chat at the same time and left the
+    first one unfinished. The page holds the box, and hides the buttons, while a reply is written."""
+    send(page, "Tell me a long story.", max_tokens=600)  # the stand-in writes it to Max tokens: ~9 s
+    watch_reply(page, REPLIED)
+    page.get_by_role("button", name="Retry").last.click()
+    page.wait_for_function("document.querySelector('#chatbot [aria-busy=\"true\"]') !== null")
+    busy, shut, buttons = page.evaluate("""() => [document.querySelector('#chatbot [aria-busy="true"]') !== null,
+        document.querySelector('#message textarea').disabled,
+        [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
+    assert busy and shut and set(buttons) <= {"hidden"}, (busy, shut, buttons)
+    send(page, "Name one fruit.")  # typed at once: it goes in once the retry's reply is written
+    watch_second_reply(page)
+    assert REPLIED in titles(page)[0], titles(page)
+    users = page.locator("#chatbot .user-row").all_inner_texts()
+    assert [u.strip() for u in users] == ["Tell me a long story.", "Name one fruit."], users
+
+
 def test_history_survives_a_reload_with_its_stats(page):
     send(page, "Say something about owls.", max_tokens=SHORT)
     _, title = watch_reply(page, REPLIED)

@@ -164,8 +164,9 @@ def chat_column(service: ChatService, logs: ReplyStore, settings: Settings) -> N
     # The box takes text again once the page counts the turn as over, not with the turn's last
     # update: until the page hears the turn is done it drops another Enter (Gradio's trigger_mode
     # "once"), and a message typed quickly would sit in the box unsent.
-    turn.then(None, None, [textbox], js="() => ({__type__: 'update', interactive: true})", queue=False,
-              api_visibility="private")  # in the page only, as the Settings buttons
+    # The page's script holds the box while a retry's or an edit's reply is written, not during a turn (live.js).
+    turn.then(None, None, [textbox], js="() => { window.chatLive?.turnOver(); return {__type__: 'update', interactive: true}; }",
+              queue=False, api_visibility="private")  # in the page only, as the Settings buttons
     status = chat_actions(service, logs, chatbot, textbox, began)
     reopen_where_left(chat, chatbot, parts, shown)
     switch_presets(service, settings, title, status, chatbot if default.examples else None)

@@ -1,7 +1,7 @@
 // Live reply text: follow replies over the page's WebSocket (/chat, "watch") and render each one as
 // Markdown, whole, into its box (<div class="live-reply stream-ID">, put there by the server).
 // chat/live.py and chat/ui/live_script.py explain why. window.chatLive.begin starts a typed message's reply (chat/live.py),
-// latest names it for Stop; render and connected are for the browser tests.
+// latest names it for Stop, turnOver says the typed turn has ended; render and connected are for the browser tests.
 (() => {
   const replies = new Map(); // id -> {deltas: string[], line: string | undefined, done: boolean, began?: true, goneAt?: number}
   let latestBegun = ""; // the id of the reply this page started last
@@ -228,6 +228,7 @@
   // turn's: the message, the chat, the preset, the system prompt, the knobs named in `knobs`, and
   // a slot for the id (left empty when the socket is not open).
   function begin(inputs, knobs) {
+    turnOpen = true;
     const values = inputs.slice(0, -1);
     const [message, history, preset, systemPrompt, ...knobValues] = values;
     if (!socket || socket.readyState !== WebSocket.OPEN || retry >= GIVE_UP || !String(message ?? "").trim()) {
@@ -245,7 +246,29 @@
 
   // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
   // painted, so a redraw never shows an empty box).
+  // The message box takes no message while a reply in the chat is being written (aria-busy: its line
+  // says "Writing…"). A typed turn shuts the box itself, and opens it once the page counts the turn
+  // as over (turnOver, chat/ui/chat_tab.py), not when its reply ends; Retry, Edit and the examples
+  // run Gradio's own events, which leave it open, and a message sent during one wrote a second reply
+  // into the chat at the same time and left the first one unfinished. Only a box shut here is
+  // opened here, and nothing is done while a typed turn is open.
+  let heldBox = null;
+  let turnOpen = false;
+  function holdBoxWhileWriting() {
+    if (turnOpen) return;
+    const box = document.querySelector("#message textarea");
+    const busy = document.querySelector('#chatbot [aria-busy="true"]') !== null;
+    if (busy && box && !box.disabled) {
+      box.disabled = true;
+      heldBox = box;
+    } else if (!busy && heldBox) {
+      heldBox.disabled = false;
+      heldBox = null;
+    }
+  }
+
   function follow() {
+    holdBoxWhileWriting();
     const live = new Set();
     for (const box of document.querySelectorAll(".live-reply")) {
       const id = streamOf(box);
@@ -276,7 +299,11 @@
 
   const connected = () => socket !== null && socket.readyState === WebSocket.OPEN; // for the browser tests
   const latest = () => latestBegun; // the reply the page's Stop stops (chat/ui/chat_tab.py)
-  window.chatLive = { render, settled, begin, connected, latest };
+  function turnOver() { // a typed turn has ended (chat/ui/chat_tab.py)
+    turnOpen = false;
+    holdBoxWhileWriting();
+  }
+  window.chatLive = { render, settled, begin, connected, latest, turnOver };
   new MutationObserver(follow).observe(document.documentElement, { childList: true, subtree: true });
   connect(); // now, so that the first reply's text is drawn from its first piece
 })();

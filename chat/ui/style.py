@@ -167,11 +167,12 @@ html[data-writing] #stop,
 .gradio-container:has(#chatbot [aria-busy="true"]) #stop,
 .gradio-container:has([id^="compare-chat-"] [aria-busy="true"]) #compare-stop { display: inline-flex; }
 #chat-actions { align-items: center; }
-/* The buttons beneath the chat's messages (Retry, Undo, Edit, Copy) wait until the turn is over: the
-   page shows a reply's stats a moment before the turn's last update, which holds the chat these
-   buttons start from, and an edit made in that moment lost its reply (a fresh CI run). Hidden, not
-   removed: nothing moves when they come back. */
-.gradio-container:has(#message textarea:disabled) #chatbot .message-buttons { visibility: hidden; }
+/* The buttons beneath the chat's messages (Retry, Undo, Edit, Copy) wait until the turn is over and
+   no reply is being written (a retry's, an edit's): the page shows a reply's stats a moment before
+   the turn's last update, which holds the chat these buttons start from, and an edit made in that
+   moment lost its reply (a fresh CI run). Hidden, not removed: nothing moves when they come back. */
+.gradio-container:has(#message textarea:disabled) #chatbot .message-buttons,
+.gradio-container:has(#chatbot [aria-busy="true"]) #chatbot .message-buttons { visibility: hidden; }
 /* No saved chats yet: Gradio first draws an empty row there and then removes it, moving the chat
    (a layout shift on every first visit); an empty list takes no room at all. */
 #saved-chats:not(:has(td)) { display: none; }

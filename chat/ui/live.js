@@ -244,20 +244,26 @@
     return [...values, id];
   }
 
-  // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
-  // painted, so a redraw never shows an empty box).
   // The message box takes no message while a reply in the chat is being written (aria-busy: its line
   // says "Writing…"). A typed turn shuts the box itself, and opens it once the page counts the turn
   // as over (turnOver, chat/ui/chat_tab.py), not when its reply ends; Retry, Edit and the examples
   // run Gradio's own events, which leave it open, and a message sent during one wrote a second reply
   // into the chat at the same time and left the first one unfinished. Only a box shut here is
-  // opened here, and nothing is done while a typed turn is open.
+  // opened here, and nothing is done while a typed turn is open. A reply's line changes as it is
+  // written (its seconds, its tokens); one unchanged for STALE_MS is left from a turn that broke (a
+  // worker gone mid-reply) and holds nothing.
+  const STALE_MS = window.chatStaleMs || 30000; // tests set it shorter
   let heldBox = null;
   let turnOpen = false;
+  let busyLine = null, busyText = "", busyChangedAt = 0, staleLine = null;
   function holdBoxWhileWriting() {
     if (turnOpen) return;
     const box = document.querySelector("#message textarea");
-    const busy = document.querySelector('#chatbot [aria-busy="true"]') !== null;
+    const line = document.querySelector('#chatbot [aria-busy="true"]');
+    if (line && (line !== busyLine || line.textContent !== busyText)) {
+      [busyLine, busyText, busyChangedAt] = [line, line.textContent, Date.now()];
+    }
+    const busy = line !== null && line !== staleLine;
     if (busy && box && !box.disabled) {
       box.disabled = true;
       heldBox = box;
@@ -267,6 +273,15 @@
     }
   }
 
+  setInterval(() => {
+    if (heldBox && Date.now() - busyChangedAt > STALE_MS) {
+      staleLine = busyLine;
+      holdBoxWhileWriting();
+    }
+  }, 5000);
+
+  // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
+  // painted, so a redraw never shows an empty box).
   function follow() {
     holdBoxWhileWriting();
     const live = new Set();

@@ -1,0 +1,38 @@
+"""bench/cpu_by_process.py counts a process's CPU under its kind, and only what it spends while sampled."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bench.cpu_by_process import TICKS_PER_S, Sampler, cpu_ticks, kind_of
+
+# Spend `s` seconds of CPU, then wait for a line; "caddy" in the command line makes its kind caddy.
+BUSY = "import time\nstart = time.process_time()\nwhile time.process_time() - start < {s}: pass\ninput()\n# caddy"
+
+
+def busy(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BUSY.format(s=seconds)], stdin=subprocess.PIPE)
+
+
+def spent_s(process: subprocess.Popen, at_least_s: float) -> None:
+    while (cpu_ticks(process.pid) or 0) / TICKS_PER_S < at_least_s:
+        time.sleep(0.02)
+
+
+def test_a_process_counts_under_its_kind_and_only_from_when_sampling_began():
+    before = busy(0.6)
+    try:
+        spent_s(before, 0.6)
+        sampler = Sampler()  # `before` has spent 0.6 s, then waits: none of it is counted
+        after = busy(0.3)
+        try:
+            spent_s(after, 0.3)
+            assert kind_of(after.pid) == kind_of(before.pid) == "caddy"
+            sampler.sample()
+        finally:
+            after.communicate(b"\n")
+    finally:
+        before.communicate(b"\n")
+    assert 0.28 <= sampler.totals["caddy"] / TICKS_PER_S < 0.75, sampler.totals

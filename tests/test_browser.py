@@ -214,15 +214,22 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
 def test_a_reply_line_left_busy_by_a_broken_turn_holds_the_box_only_a_while(page):
     """A turn that broke mid-reply (its worker gone) leaves its "Writing…" line in the chat for good:
     the box is held while such a line changes, and given back once it has not for a while (30 s;
-    2 s here)."""
+    2 s here), until it changes again."""
     page.add_init_script("window.chatStaleMs = 2000")
     page.reload()
     wait_drawn(page)
     page.evaluate("""() => { const line = document.createElement('span');
         line.setAttribute('aria-busy', 'true'); line.textContent = 'Writing…';
         document.querySelector('#chatbot').appendChild(line); }""")
-    page.wait_for_function("document.querySelector('#message textarea').disabled", timeout=10_000)
-    page.wait_for_function("!document.querySelector('#message textarea').disabled", timeout=20_000)
+    shut, opened = ("document.querySelector('#message textarea').disabled",
+                    "!document.querySelector('#message textarea').disabled")
+    page.wait_for_function(shut, timeout=10_000)
+    page.wait_for_function(opened, timeout=20_000)
+    # A line that changes again is a reply being written again (one that waited long for a free slot).
+    page.evaluate("() => { document.querySelector('#chatbot [aria-busy=true]').textContent = 'Writing… 0:31'; }")
+    page.wait_for_function(shut, timeout=10_000)
+    page.evaluate("() => document.querySelector('#chatbot [aria-busy=true]').remove()")
+    page.wait_for_function(opened, timeout=10_000)
     send(page, "Name one fruit.", max_tokens=SHORT)  # and the chat goes on
     watch_reply(page, REPLIED)
 

@@ -251,7 +251,8 @@
   // into the chat at the same time and left the first one unfinished. Only a box shut here is
   // opened here, and nothing is done while a typed turn is open. A reply's line changes as it is
   // written (its seconds, its tokens); one unchanged for STALE_MS is left from a turn that broke (a
-  // worker gone mid-reply) and holds nothing.
+  // worker gone mid-reply) and holds nothing until it changes again (a reply that waited that long
+  // for a free slot, then writes).
   const STALE_MS = window.chatStaleMs || 30000; // tests set it shorter
   let heldBox = null;
   let turnOpen = false;
@@ -261,7 +262,7 @@
     const box = document.querySelector("#message textarea");
     const line = document.querySelector('#chatbot [aria-busy="true"]');
     if (line && (line !== busyLine || line.textContent !== busyText)) {
-      [busyLine, busyText, busyChangedAt] = [line, line.textContent, Date.now()];
+      [busyLine, busyText, busyChangedAt, staleLine] = [line, line.textContent, Date.now(), null];
     }
     const busy = line !== null && line !== staleLine;
     if (busy && box && !box.disabled) {

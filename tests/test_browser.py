@@ -200,10 +200,12 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
     watch_reply(page, REPLIED)
     page.get_by_role("button", name="Retry").last.click()
     page.wait_for_function("document.querySelector('#chatbot [aria-busy=\"true\"]') !== null")
-    busy, shut, buttons = page.evaluate("""() => [document.querySelector('#chatbot [aria-busy="true"]') !== null,
+    busy, shut, arrow, buttons = page.evaluate("""() => [document.querySelector('#chatbot [aria-busy="true"]') !== null,
         document.querySelector('#message textarea').disabled,
+        getComputedStyle(document.querySelector('#message button.submit-button')).visibility,
         [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
-    assert busy and shut and set(buttons) <= {"hidden"}, (busy, shut, buttons)
+    # The send arrow sends whatever the box holds, shut or not: it goes with the box.
+    assert busy and shut and arrow == "hidden" and set(buttons) <= {"hidden"}, (busy, shut, arrow, buttons)
     send(page, "Name one fruit.")  # typed at once: it goes in once the retry's reply is written
     watch_second_reply(page)
     assert REPLIED in titles(page)[0], titles(page)
@@ -218,20 +220,34 @@ def test_a_reply_line_left_busy_by_a_broken_turn_holds_the_box_only_a_while(page
     page.add_init_script("window.chatStaleMs = 2000")
     page.reload()
     wait_drawn(page)
-    page.evaluate("""() => { const line = document.createElement('span');
-        line.setAttribute('aria-busy', 'true'); line.textContent = 'Writing…';
+    page.evaluate("""() => { const line = document.createElement('button');
+        line.setAttribute('aria-busy', 'true'); line.innerHTML = 'Writing… <span class="loading-spinner"></span>';
         document.querySelector('#chatbot').appendChild(line); }""")
     shut, opened = ("document.querySelector('#message textarea').disabled",
                     "!document.querySelector('#message textarea').disabled")
     page.wait_for_function(shut, timeout=10_000)
     page.wait_for_function(opened, timeout=20_000)
     # A line that changes again is a reply being written again (one that waited long for a free slot).
-    page.evaluate("() => { document.querySelector('#chatbot [aria-busy=true]').textContent = 'Writing… 0:31'; }")
+    page.evaluate("() => { document.querySelector('#chatbot [aria-busy=true]').firstChild.data = 'Writing… 0:31 '; }")
     page.wait_for_function(shut, timeout=10_000)
     page.evaluate("() => document.querySelector('#chatbot [aria-busy=true]').remove()")
     page.wait_for_function(opened, timeout=10_000)
     send(page, "Name one fruit.", max_tokens=SHORT)  # and the chat goes on
     watch_reply(page, REPLIED)
+
+
+def test_a_reply_that_failed_leaves_the_chat_ready_for_the_next_message(page):
+    """Gradio marks every line without a body busy (aria-busy), a failed reply's line too: Stop showed
+    for good after one, Retry, Undo and Edit stayed hidden and the box was held 30 s. Only a pending
+    line (its spinner) counts as a reply being written."""
+    send(page, "owl " * 3000)  # longer than the model's context: one sentence, no reply
+    page.wait_for_function("document.querySelector('#chatbot').innerText.includes('Start a new chat or shorten your message')")
+    page.locator("#stop").wait_for(state="hidden", timeout=10_000)
+    page.wait_for_function("""() => !document.querySelector('#message textarea').disabled
+        && getComputedStyle(document.querySelector('#message button.submit-button')).visibility === 'visible'
+        && [...document.querySelectorAll('#chatbot .message-buttons')].some(e => getComputedStyle(e).visibility === 'visible')""",
+                           timeout=10_000)
+    assert page.locator('#chatbot [aria-busy="true"]').count() >= 1, "the failed reply's line is still Gradio's busy one"
 
 
 def test_history_survives_a_reload_with_its_stats(page):

@@ -195,6 +195,8 @@ MARKUP = (
     Markup("> .column >", r"`column \$\{", "chat/ui/style.py"),
     Markup(".row > .column", r"`row \$\{", "chat/ui/style.py"),
     Markup('[aria-busy="true"]', r"`aria-busy`", "chat/ui/style.py"),
+    Markup('[aria-busy="true"] .loading-spinner', r'class="loading-spinner', "chat/ui/style.py"),  # a pending line's
+    Markup('#chatbot [aria-busy="true"] .loading-spinner', r'class="loading-spinner', "chat/ui/live.js"),
     Markup("#chatbot .message-buttons", r"message-buttons \$\{", "chat/ui/style.py"),
     Markup("#saved-chats:not(:has(td))", r"<td", "chat/ui/style.py"),
     Markup('.vega-embed g[role="graphics-symbol"]', r"graphics-symbol", "chat/ui/style.py"),

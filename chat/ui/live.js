@@ -244,27 +244,39 @@
     return [...values, id];
   }
 
-  // The message box takes no message while a reply in the chat is being written (aria-busy: its line
-  // says "Writing…"). A typed turn shuts the box itself, and opens it once the page counts the turn
-  // as over (turnOver, chat/ui/chat_tab.py), not when its reply ends; Retry, Edit and the examples
-  // run Gradio's own events, which leave it open, and a message sent during one wrote a second reply
-  // into the chat at the same time and left the first one unfinished. Only a box shut here is
-  // opened here, and nothing is done while a typed turn is open. A reply's line changes as it is
-  // written (its seconds, its tokens); one unchanged for STALE_MS is left from a turn that broke (a
-  // worker gone mid-reply) and holds nothing until it changes again (a reply that waited that long
-  // for a free slot, then writes).
+  // The message box takes no message while a reply in the chat is being written (a pending line
+  // beneath it: Gradio draws a spinner in it; not every aria-busy line, which Gradio sets on any line
+  // without a body, a finished reply's error line too). A typed turn shuts the box itself, and opens
+  // it once the page counts the turn as over (turnOver, chat/ui/chat_tab.py), not when its reply
+  // ends; Retry, Edit and the examples run Gradio's own events, which leave it open, and a message
+  // sent during one wrote a second reply into the chat at the same time and left the first one
+  // unfinished. Only a box shut here is opened here, and nothing is done while a typed turn is open
+  // (style.py hides the send arrow with the shut box). A pending line changes as it is written (its
+  // seconds, its tokens); one unchanged for STALE_MS is left from a turn that broke (a worker gone
+  // mid-reply) and holds nothing until it changes again (a reply that waited that long for a free
+  // slot, then writes). Gradio changes a line's text in place, which the observer below does not
+  // see: the clock looks every few seconds.
+  const PENDING = '#chatbot [aria-busy="true"] .loading-spinner';
   const STALE_MS = window.chatStaleMs || 30000; // tests set it shorter
+  const lineSeen = new WeakMap(); // a pending line -> {text, at}: its text, and when it last changed
   let heldBox = null;
   let turnOpen = false;
-  let busyLine = null, busyText = "", busyChangedAt = 0, staleLine = null;
+  function aReplyIsWritten() {
+    const now = Date.now();
+    let found = false;
+    for (const spinner of document.querySelectorAll(PENDING)) {
+      const line = spinner.closest('[aria-busy="true"]');
+      const seen = lineSeen.get(line);
+      if (!seen || seen.text !== line.textContent) lineSeen.set(line, { text: line.textContent, at: now });
+      else if (now - seen.at > STALE_MS) continue;
+      found = true;
+    }
+    return found;
+  }
   function holdBoxWhileWriting() {
     if (turnOpen) return;
     const box = document.querySelector("#message textarea");
-    const line = document.querySelector('#chatbot [aria-busy="true"]');
-    if (line && (line !== busyLine || line.textContent !== busyText)) {
-      [busyLine, busyText, busyChangedAt, staleLine] = [line, line.textContent, Date.now(), null];
-    }
-    const busy = line !== null && line !== staleLine;
+    const busy = aReplyIsWritten();
     if (busy && box && !box.disabled) {
       box.disabled = true;
       heldBox = box;
@@ -273,13 +285,7 @@
       heldBox = null;
     }
   }
-
-  setInterval(() => {
-    if (heldBox && Date.now() - busyChangedAt > STALE_MS) {
-      staleLine = busyLine;
-      holdBoxWhileWriting();
-    }
-  }, 5000);
+  setInterval(holdBoxWhileWriting, Math.min(5000, STALE_MS / 2));
 
   // Gradio made or remade boxes: follow their replies, and fill them at once (before the page is
   // painted, so a redraw never shows an empty box).

@@ -159,20 +159,25 @@ html { scrollbar-gutter: stable; }
   }
 }
 /* Stop only while a reply is on its way: the message box is disabled, or a line beneath a reply
-   is still busy (waiting for the engine, writing), or the reply this page began is still being
-   written over its socket (live.js's data-writing: Gradio's own states can end first). */
+   is still pending (waiting for the engine, writing: Gradio draws a spinner in it), or the reply
+   this page began is still being written over its socket (live.js's data-writing: Gradio's own
+   states can end first). Not every aria-busy line: Gradio marks any line without a body busy, a
+   finished reply's error line too, and Stop showed for good after one. */
 #stop, #compare-stop { display: none; }
 html[data-writing] #stop,
 .gradio-container:has(#message textarea:disabled) #stop,
-.gradio-container:has(#chatbot [aria-busy="true"]) #stop,
-.gradio-container:has([id^="compare-chat-"] [aria-busy="true"]) #compare-stop { display: inline-flex; }
+.gradio-container:has(#chatbot [aria-busy="true"] .loading-spinner) #stop,
+.gradio-container:has([id^="compare-chat-"] [aria-busy="true"] .loading-spinner) #compare-stop { display: inline-flex; }
 #chat-actions { align-items: center; }
 /* The buttons beneath the chat's messages (Retry, Undo, Edit, Copy) wait until the turn is over and
    no reply is being written (a retry's, an edit's): the page shows a reply's stats a moment before
    the turn's last update, which holds the chat these buttons start from, and an edit made in that
    moment lost its reply (a fresh CI run). Hidden, not removed: nothing moves when they come back. */
 .gradio-container:has(#message textarea:disabled) #chatbot .message-buttons,
-.gradio-container:has(#chatbot [aria-busy="true"]) #chatbot .message-buttons { visibility: hidden; }
+.gradio-container:has(#chatbot [aria-busy="true"] .loading-spinner) #chatbot .message-buttons { visibility: hidden; }
+/* Gradio's send arrow sends whatever the box holds, shut or not (live.js shuts it while a retry's
+   reply is written): it goes with the box. */
+#message:has(textarea:disabled) button.submit-button { visibility: hidden; }
 /* No saved chats yet: Gradio first draws an empty row there and then removes it, moving the chat
    (a layout shift on every first visit); an empty list takes no room at all. */
 #saved-chats:not(:has(td)) { display: none; }

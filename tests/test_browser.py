@@ -192,6 +192,9 @@ def test_edit_regenerates_from_the_edited_message(page):
     assert len(users) == 1 and "vegetable" in users[0] and "fruit" not in users[0], users
 
 
+PENDING = '#chatbot [aria-busy="true"] .loading-spinner'  # a reply's line while it is written (chat/ui/live.js)
+
+
 def test_the_message_box_waits_while_a_retry_is_written(page):
     """Retry runs Gradio's own events, which leave the message box open: a message sent while the
     retry's reply was written wrote a second reply into the chat at the same time and left the
@@ -199,13 +202,13 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
     send(page, "Tell me a long story.", max_tokens=600)  # the stand-in writes it to Max tokens: ~9 s
     watch_reply(page, REPLIED)
     page.get_by_role("button", name="Retry").last.click()
-    page.wait_for_function("document.querySelector('#chatbot [aria-busy=\"true\"]') !== null")
-    busy, shut, arrow, buttons = page.evaluate("""() => [document.querySelector('#chatbot [aria-busy="true"]') !== null,
+    page.wait_for_function(f"document.querySelector({PENDING!r}) !== null")
+    busy, shut, arrow, buttons = page.evaluate(f"""() => [document.querySelector({PENDING!r}) !== null,
         document.querySelector('#message textarea').disabled,
         getComputedStyle(document.querySelector('#message button.submit-button')).visibility,
         [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
     # The send arrow sends whatever the box holds, shut or not: it goes with the box.
-    assert busy and shut and arrow == "hidden" and set(buttons) <= {"hidden"}, (busy, shut, arrow, buttons)
+    assert busy and shut and arrow == "hidden" and buttons and set(buttons) <= {"hidden"}, (busy, shut, arrow, buttons)
     send(page, "Name one fruit.")  # typed at once: it goes in once the retry's reply is written
     watch_second_reply(page)
     assert REPLIED in titles(page)[0], titles(page)

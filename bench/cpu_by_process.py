@@ -1,6 +1,5 @@
 """Where a command's CPU goes, by kind of process: Chromium's renderers and the rest of it, the apps,
-their UI workers, Caddy, pytest. Every process on the machine is read once a second from
-/proc/<pid>/stat (Linux), so a process that lives under a second may be missed and one that ends
+their UI workers, Caddy, pytest. Every process on the machine is read once a second (psutil), so a process that lives under a second may be missed and one that ends
 loses its last second; processes that ran before the command count only what they spend during it.
 
     python -m bench.cpu_by_process -- scripts/test --dev
@@ -16,17 +15,15 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
-PROC = Path("/proc")
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+import psutil
 
 
-def kind_of(pid: int) -> str | None:
+def kind_of(process: psutil.Process) -> str | None:
     """What a process is, from its command line (None when it has gone)."""
     try:
-        words = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        words = " ".join(process.cmdline())
+    except psutil.Error:
         return None
     if "chrom" in words:
         return "chromium: renderer" if "--type=renderer" in words else "chromium: other"
@@ -39,40 +36,36 @@ def kind_of(pid: int) -> str | None:
     return "other" if words.strip() else "kernel"
 
 
-def cpu_ticks(pid: int) -> int | None:
+def cpu_s(process: psutil.Process) -> float | None:
     try:
-        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        times = process.cpu_times()
+    except psutil.Error:
         return None
-    return int(fields[11]) + int(fields[12])  # utime, stime
+    return times.user + times.system
 
 
 class Sampler:
-    """CPU ticks spent by each kind of process since it started sampling."""
+    """CPU seconds spent by each kind of process since it started sampling."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, tuple[str, int]] = {}  # pid -> (kind, ticks when last read)
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds when last read)
         self.totals: Counter[str] = Counter()
-        for pid in self.pids():  # already running: counted from now
-            if (kind := kind_of(pid)) is not None and (ticks := cpu_ticks(pid)) is not None:
-                self.seen[pid] = (kind, ticks)
+        for process in psutil.process_iter():  # already running: counted from now
+            if (kind := kind_of(process)) is not None and (spent := cpu_s(process)) is not None:
+                self.seen[process.pid] = (kind, spent)
         self.done = threading.Event()
 
-    @staticmethod
-    def pids() -> list[int]:
-        return [int(name) for name in os.listdir(PROC) if name.isdigit()]
-
     def sample(self) -> None:
-        for pid in self.pids():
-            if (ticks := cpu_ticks(pid)) is None:
+        for process in psutil.process_iter():
+            if (spent := cpu_s(process)) is None:
                 continue
-            if pid not in self.seen:
-                if (kind := kind_of(pid)) is None:
+            if process.pid not in self.seen:
+                if (kind := kind_of(process)) is None:
                     continue
-                self.seen[pid] = (kind, 0)
-            kind, last = self.seen[pid]
-            self.totals[kind] += ticks - last
-            self.seen[pid] = (kind, ticks)
+                self.seen[process.pid] = (kind, 0.0)
+            kind, last = self.seen[process.pid]
+            self.totals[kind] += spent - last
+            self.seen[process.pid] = (kind, spent)
 
     def run(self) -> None:
         while not self.done.wait(1.0):
@@ -92,12 +85,12 @@ def main() -> int:
     wall_s = time.monotonic() - started
     sampler.done.set()
     thread.join()
-    total_s = sum(sampler.totals.values()) / TICKS_PER_S
+    total_s = sum(sampler.totals.values())
     cores = len(os.sched_getaffinity(0))
     print(f"\n{' '.join(command)}: exit {status}, {wall_s:.0f} s; {total_s:.0f} s of CPU "
           f"({total_s / (wall_s * cores):.0%} of {cores} cores)")
-    for kind, ticks in sampler.totals.most_common():
-        print(f"{ticks / TICKS_PER_S:8.0f} s  {kind}")
+    for kind, spent in sampler.totals.most_common():
+        print(f"{spent:8.0f} s  {kind}")
     return status
 
 

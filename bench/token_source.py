@@ -87,10 +87,38 @@ class SourceRecord:
         return self.lag_sum / self.tokens if self.tokens else 0.0
 
 
-class TokenSource:
-    """What `AsyncLLM` holds as `engine_core`: requests in, one `EngineCoreOutputs` per step out."""
+@dataclass(frozen=True)
+class Emitted:
+    """One token a step gave one request: `new` on its first step, `finish` ("stop": the end of
+    sequence, "length": Max tokens) on its last."""
 
-    def __init__(self, vllm_config: Any, tokenizer: Any, step_s: float = 0.025,
+    record: SourceRecord
+    token: int
+    new: bool
+    finish: str | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine step on the timeline (monotonic seconds): when it started and ended, when the
+    app's loop took it, and the token it gave each running request."""
+
+    start: float
+    end: float
+    taken: float
+    emitted: list[Emitted]
+    running: int
+    waiting: int
+    number: int
+
+
+class Schedule:
+    """The engine's schedule, without vLLM: requests in, one `Step` out every `step_s` (plain
+    Python, so that tests/stand_in.py's engine can stream from it without importing vLLM).
+    `tokenizer` needs `encode(text, add_special_tokens=False)`, `decode(ids)`, `eos_token_id` and
+    `all_special_ids` (a Hugging Face tokenizer has them)."""
+
+    def __init__(self, tokenizer: Any, max_num_seqs: int, by_priority: bool = False, step_s: float = 0.025,
                  log_path: Path | None = None, replies: tuple[Reply, ...] = (), tag: str = "") -> None:
         self.step_s = step_s
         self.tag = re.compile(tag) if tag else None  # its last match's first group goes into each record
@@ -99,10 +127,8 @@ class TokenSource:
         # Each scripted reply's tokens, encoded once (the detokenizer turns them back into its text).
         self.replies = [(reply, tuple(tokenizer.encode(reply.text, add_special_tokens=False))) for reply in replies]
         self._idle_report = False  # a step is owed that reports nothing running (after an abort)
-        self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
-        self.by_priority = vllm_config.scheduler_config.policy == "priority"  # else first come, first served
-        self.engine_ranks_managed = [0]  # read by AsyncLLM's stat-logger setup
-        self.resources = _Resources()  # AsyncLLM.errored reads resources.engine_dead
+        self.max_num_seqs = max_num_seqs
+        self.by_priority = by_priority  # the engine's priority scheduling; else first come, first served
         ids = tokenizer.encode(TEXT, add_special_tokens=False)
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.tokens = [t for t in ids if t not in special]
@@ -113,19 +139,13 @@ class TokenSource:
         self._arrived = asyncio.Event()
         self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 - for the process's life
 
-    # --- what AsyncLLM calls -------------------------------------------------------------------
-
-    async def get_supported_tasks_async(self) -> tuple[str, ...]:
-        return ("generate",)
-
-    async def add_request_async(self, request: Any) -> None:
-        params = request.sampling_params
-        script, endless = self._script(request.prompt_token_ids or (), params)
-        record = SourceRecord(request.request_id, len(request.prompt_token_ids or ()),
-                              (params.max_tokens if params is not None else None) or 16, time.monotonic(),
-                              script=script, endless=endless, priority=getattr(request, "priority", 0) or 0)
+    def add(self, request_id: str, prompt_token_ids: Any, max_tokens: int, priority: int = 0,
+            ignore_eos: bool = False) -> SourceRecord:
+        script, endless = self._script(prompt_token_ids, ignore_eos)
+        record = SourceRecord(request_id, len(prompt_token_ids), max_tokens, time.monotonic(),
+                              script=script, endless=endless, priority=priority)
         if self.tag is not None:  # which of the benchmark's requests this is (the prompt's last match)
-            found = self.tag.findall(self.tokenizer.decode(list(request.prompt_token_ids or ())))
+            found = self.tag.findall(self.tokenizer.decode(list(prompt_token_ids)))
             record.tag = found[-1] if found else ""
         # The engine's priority scheduling (only with the preset's scheduling_policy: priority, as vLLM's):
         # a lower value goes first, in order of arrival among equals.
@@ -137,8 +157,9 @@ class TokenSource:
         else:
             self._waiting.insert(after, record)
         self._arrived.set()
+        return record
 
-    async def abort_requests_async(self, request_ids: Any) -> None:
+    def abort(self, request_ids: Any) -> None:
         for request_id in request_ids:
             record = self._running.pop(request_id, None)
             if record is None:
@@ -153,10 +174,8 @@ class TokenSource:
         self._idle_report = True
         self._arrived.set()
 
-    async def get_output_async(self) -> Any:
-        """The next step's outputs, at the moment that step ends on the engine's timeline."""
-        from vllm.v1.engine import EngineCoreOutputs
-
+    async def step(self) -> Step:
+        """The next step, at the moment it ends on the engine's timeline."""
         start = await self._step_start()
         end = start + self.step_s
         admitted = {record.id for record in self._admit(start)}
@@ -164,28 +183,17 @@ class TokenSource:
         # output socket reader (a task of this loop) would pass them on, not all at once.
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         taken = time.monotonic()
-        outputs = [self._output(record, end, taken, record.id in admitted, start) for record in list(self._running.values())]
+        emitted = [self._advance(record, end, taken, record.id in admitted) for record in list(self._running.values())]
         self._clock = end
         self._steps += 1
-        return EngineCoreOutputs(engine_index=0, outputs=outputs, scheduler_stats=self._stats(), timestamp=end)
+        return Step(start, end, taken, emitted, len(self._running), len(self._waiting), self._steps)
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        self.resources.engine_dead = True
+    def close(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else the app reaches through AsyncLLM would need the real engine core: say so
-        # in the bench log instead of letting a benchmark silently measure something else.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        message = (f"bench token source: the app used engine_core.{name}, which the benchmark does not "
-                   "simulate; add it to bench/token_source.py")
-        log.error("%s\n%s", message, "".join(traceback.format_stack(limit=8)))
-        raise NotSimulated(message)
-
-    def _script(self, prompt_token_ids: Any, params: Any) -> tuple[tuple[int, ...], bool]:
+    def _script(self, prompt_token_ids: Any, ignore_eos: bool) -> tuple[tuple[int, ...], bool]:
         """The tokens of the reply whose cue comes latest in the whole prompt (the system prompt and
         earlier turns count too: the last user message's cue wins only when it is there), or the
         catch-all reply's, and whether it is endless; none without scripted replies."""
@@ -200,9 +208,7 @@ class TokenSource:
         if chosen is None:
             return (), False
         reply, tokens = chosen
-        return tokens, reply.endless or bool(params is not None and params.ignore_eos)
-
-    # --- the engine's schedule -----------------------------------------------------------------
+        return tokens, reply.endless or ignore_eos
 
     async def _step_start(self) -> float:
         """When the next step starts: right after the last one while busy; when idle, at the next
@@ -226,10 +232,7 @@ class TokenSource:
             admitted.append(record)
         return admitted
 
-    def _output(self, record: SourceRecord, end: float, taken: float, new: bool, start: float) -> Any:
-        from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
-        from vllm.v1.metrics.stats import PrefillStats
-
+    def _advance(self, record: SourceRecord, end: float, taken: float, new: bool) -> Emitted:
         ended = bool(record.script) and record.tokens >= len(record.script) and not record.endless
         if ended:
             token = self.eos_token_id
@@ -240,29 +243,86 @@ class TokenSource:
         record.tokens += 1
         record.last_token = end
         record.lag_sum += taken - end
-        events = prefill = None
-        if new:  # the engine reports when it queued and first scheduled the request, and its prefill
+        if new:
             record.first_token, record.first_handed = end, taken
-            events = [EngineCoreEvent(EngineCoreEventType.QUEUED, record.added),
-                      EngineCoreEvent(EngineCoreEventType.SCHEDULED, start)]
-            prefill = PrefillStats(num_prompt_tokens=record.prompt_tokens, num_computed_tokens=record.prompt_tokens)
-        finish = FinishReason.STOP if ended else FinishReason.LENGTH if record.tokens >= record.max_tokens else None
+        finish = "stop" if ended else "length" if record.tokens >= record.max_tokens else None
         if finish is not None:
-            record.finish = "stop" if ended else "length"
+            record.finish = finish
             del self._running[record.id]
             self._write(record)
-        return EngineCoreOutput(request_id=record.id, new_token_ids=[token], events=events, prefill_stats=prefill,
-                                finish_reason=finish)
-
-    def _stats(self) -> Any:
-        from vllm.v1.metrics.stats import SchedulerStats
-
-        return SchedulerStats(num_running_reqs=len(self._running), num_waiting_reqs=len(self._waiting),
-                              step_counter=self._steps, kv_cache_usage=len(self._running) / self.max_num_seqs)
+        return Emitted(record, token, new, finish)
 
     def _write(self, record: SourceRecord) -> None:
         if self._log is not None:
             self._log.write(json.dumps(asdict(record)) + "\n")
+
+
+class TokenSource:
+    """What `AsyncLLM` holds as `engine_core`: requests in, one `EngineCoreOutputs` per step out
+    (the schedule's steps in vLLM's types)."""
+
+    def __init__(self, vllm_config: Any, tokenizer: Any, step_s: float = 0.025,
+                 log_path: Path | None = None, replies: tuple[Reply, ...] = (), tag: str = "") -> None:
+        scheduler = vllm_config.scheduler_config
+        self.schedule = Schedule(tokenizer, scheduler.max_num_seqs, scheduler.policy == "priority", step_s,
+                                 log_path, replies, tag)
+        self.max_num_seqs = scheduler.max_num_seqs
+        self.engine_ranks_managed = [0]  # read by AsyncLLM's stat-logger setup
+        self.resources = _Resources()  # AsyncLLM.errored reads resources.engine_dead
+
+    # --- what AsyncLLM calls -------------------------------------------------------------------
+
+    async def get_supported_tasks_async(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    async def add_request_async(self, request: Any) -> None:
+        params = request.sampling_params
+        self.schedule.add(request.request_id, request.prompt_token_ids or (),
+                          (params.max_tokens if params is not None else None) or 16,
+                          getattr(request, "priority", 0) or 0, bool(params is not None and params.ignore_eos))
+
+    async def abort_requests_async(self, request_ids: Any) -> None:
+        self.schedule.abort(request_ids)
+
+    async def get_output_async(self) -> Any:
+        """The next step's outputs, at the moment that step ends on the engine's timeline."""
+        from vllm.v1.engine import EngineCoreOutputs
+        from vllm.v1.metrics.stats import SchedulerStats
+
+        step = await self.schedule.step()
+        stats = SchedulerStats(num_running_reqs=step.running, num_waiting_reqs=step.waiting, step_counter=step.number,
+                               kv_cache_usage=step.running / self.max_num_seqs)
+        return EngineCoreOutputs(engine_index=0, outputs=[self._output(emitted, step) for emitted in step.emitted],
+                                 scheduler_stats=stats, timestamp=step.end)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.resources.engine_dead = True
+        self.schedule.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the app reaches through AsyncLLM would need the real engine core: say so
+        # in the bench log instead of letting a benchmark silently measure something else.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        message = (f"bench token source: the app used engine_core.{name}, which the benchmark does not "
+                   "simulate; add it to bench/token_source.py")
+        log.error("%s\n%s", message, "".join(traceback.format_stack(limit=8)))
+        raise NotSimulated(message)
+
+    @staticmethod
+    def _output(emitted: Emitted, step: Step) -> Any:
+        from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+        from vllm.v1.metrics.stats import PrefillStats
+
+        record = emitted.record
+        events = prefill = None
+        if emitted.new:  # the engine reports when it queued and first scheduled the request, and its prefill
+            events = [EngineCoreEvent(EngineCoreEventType.QUEUED, record.added),
+                      EngineCoreEvent(EngineCoreEventType.SCHEDULED, step.start)]
+            prefill = PrefillStats(num_prompt_tokens=record.prompt_tokens, num_computed_tokens=record.prompt_tokens)
+        finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(emitted.finish or "")
+        return EngineCoreOutput(request_id=record.id, new_token_ids=[emitted.token], events=events,
+                                prefill_stats=prefill, finish_reason=finish)
 
 
 @dataclass

@@ -133,7 +133,7 @@ async def test_an_aborted_request_ends_and_is_logged(llm):
     records = [json.loads(line) for line in llm.bench_log.read_text().splitlines()]
     aborted = next(r for r in records if r["id"].startswith("to-abort"))
     assert aborted["finish"] == "abort" and 1 <= aborted["tokens"] < 1000
-    assert not llm.bench_source._running
+    assert not llm.bench_source.schedule._running
 
 
 async def test_what_it_does_not_simulate_fails_loudly(llm, caplog):

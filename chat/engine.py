@@ -190,6 +190,11 @@ class Engine:
     def is_streaming(self, request_id: str) -> bool:
         return request_id in self._streams
 
+    @property
+    def loaded(self) -> bool:
+        """Whether its model is loaded in this process (a client of it, at least): from the build's end to the unload."""
+        return self.llm is not None
+
     def status(self) -> str:
         """One line for people: what this engine is doing."""
         if self.state is EngineState.STARTING:

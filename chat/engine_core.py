@@ -17,6 +17,7 @@ each core has spare slots for replaced workers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import uuid
@@ -40,10 +41,12 @@ log = logging.getLogger(__name__)
 CORE_STOP_S = 15.0
 
 
+@functools.cache
 def on_cpu() -> bool:
-    from vllm.platforms import current_platform
+    """Whether the installed vLLM is its CPU build (from its metadata: chat/engine_vllm.py `installed`)."""
+    from chat.engine_vllm import installed
 
-    return bool(current_platform.is_cpu())
+    return installed()[1] == "cpu"
 
 
 def engine_arguments(preset: Preset, folder: Path) -> dict[str, Any]:

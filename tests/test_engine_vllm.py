@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from chat import engine_vllm
+from chat.engine_core import on_cpu
 from chat.engine_vllm import TESTED, UntestedVllm, check_version
 from tests.conftest import ROOT
 
@@ -171,6 +172,10 @@ def test_7_the_platform_says_whether_it_is_a_cpu():
     for name in ("is_cpu", "is_cuda"):
         assert isinstance(getattr(current_platform, name)(), bool), changed(f"current_platform.{name}()", "not a bool")
     assert isinstance(current_platform.device_name, str), changed("current_platform.device_name", "not text")
+    # What the app tells from the package's metadata, without importing vLLM, is what vLLM says.
+    device = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else current_platform.device_name
+    assert engine_vllm.installed()[1] == device
+    assert on_cpu() is current_platform.is_cpu()
 
 
 # --- chat/engine.py -----------------------------------------------------------------------------

@@ -97,6 +97,12 @@ Done."""
 
 
 
+# Failures on demand: a prompt in which FAIL_CUE comes after every reply's cue (the rule that picks a
+# reply) is refused by the engine as a request vLLM failed is, and an app started with STAND_IN_FAIL_START set fails its engines' start with it.
+FAIL_CUE = "stand-in: fail this reply"
+FAILED_REPLY = "The engine could not write this reply; please try again."  # chat/engine.py's for a request vLLM failed
+
+
 def replies() -> tuple[Reply, ...]:
     return (
         Reply("", ANSWER),
@@ -174,6 +180,8 @@ class StandInEngine(Engine):
         folder = resolve_model(self.preset, report=self._report)
         self.model_dir = folder
         arguments = engine_arguments(self.preset, folder)
+        if failure := os.environ.get("STAND_IN_FAIL_START"):
+            raise EngineError(failure)
         if self.slot is not None:
             self.phase = "joining the shared engine"
         else:
@@ -214,6 +222,9 @@ class StandInEngine(Engine):
         schedule, tokenizer = self._serving()
         if len(self._streams) >= self.max_num_seqs + self.max_waiting:
             raise EngineBusy(BUSY)
+        text = tokenizer.decode(list(prompt.token_ids))
+        if text.rfind(FAIL_CUE) > max((text.rfind(reply.cue) for reply in replies() if reply.cue), default=-1):
+            raise EngineError(FAILED_REPLY)
         self._streams[request_id] = on_unload
         outputs = self._outputs[request_id] = asyncio.Queue()
         record = schedule.add(request_id, prompt.token_ids, max_tokens, priority, ignore_eos)

@@ -21,7 +21,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -111,6 +111,14 @@ def sampling_params(sampling: Sampling, max_tokens: int, ignore_eos: bool = Fals
         raise SettingsError(
             f"The engine refused {parameter} = {getattr(exc, 'value', '?')}; pick a value within the slider's range."
         ) from exc
+
+
+def memory_need(arguments: Mapping[str, Any], folder: Path, gpu_share: float) -> float:
+    """What an engine with these arguments takes from the memory budget: on a CPU, bytes of KV cache
+    and weights; on a GPU, its share of GPU memory (`gpu_share` where the preset sets none)."""
+    if on_cpu():
+        return (arguments.get("kv_cache_memory_bytes") or 4 << 30) + weights_bytes(folder, arguments.get("dtype"))
+    return float(arguments.get("gpu_memory_utilization", gpu_share))
 
 
 WARM_UP_BATCH = 256  # on a GPU: the batch sizes a start's warm-up walks through, at most (max_num_seqs)
@@ -335,12 +343,7 @@ class Engine:
             self.llm = join_core(self.preset, folder, self.slot, stat_loggers)
         else:
             args = engine_args(self.preset, folder)
-            if on_cpu():
-                arguments = engine_arguments(self.preset, folder)
-                kv_bytes = arguments.get("kv_cache_memory_bytes") or 4 << 30
-                self.memory_need = kv_bytes + weights_bytes(folder, arguments.get("dtype"))
-            else:
-                self.memory_need = float(args.gpu_memory_utilization)
+            self.memory_need = memory_need(engine_arguments(self.preset, folder), folder, args.gpu_memory_utilization)
             make_room(self)
             self.phase = "loading the model into vLLM"
             log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)

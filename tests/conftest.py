@@ -134,8 +134,10 @@ async def engine(registry, default_preset):
 
 @pytest.fixture(scope="session")
 async def stand_in_registry(default_preset):
-    """Engines in the test process on the stand-in engine (tests/stand_in.py), for the tests of the
-    reply pipeline and the capacity test; test modules that use it name it `registry`."""
+    """Engines in the test process: vLLM's own front end (`AsyncLLM`) with the stand-in's schedule in
+    place of its engine core (bench/token_source.py), for the tests of the reply pipeline and the
+    capacity test, so that the engine layer's translation of vLLM is tested too; test modules that
+    use it name it `registry`. The apps of tests/stand_in.py use `StandInEngine`, without vLLM."""
     from chat.registry import EngineRegistry
 
     registry = EngineRegistry()

@@ -39,10 +39,10 @@ if str(ROOT) not in sys.path:  # run as a script (`python tests/stand_in.py`): t
     sys.path.insert(0, str(ROOT))
 
 from bench.token_source import Emitted, Reply, Schedule  # noqa: E402 - after the path above
-from chat.engine import BUSY, Chunk, Engine, EngineState, EngineTimes, Prompt  # noqa: E402
-from chat.engine_core import EngineSlot, engine_arguments, on_cpu  # noqa: E402
+from chat.engine import BUSY, Chunk, Engine, EngineState, EngineTimes, Prompt, memory_need  # noqa: E402
+from chat.engine_core import EngineSlot, engine_arguments  # noqa: E402
 from chat.errors import EngineBusy, EngineError  # noqa: E402
-from chat.models import resolve_model, weights_bytes  # noqa: E402
+from chat.models import resolve_model  # noqa: E402
 from chat.sampling import Sampling  # noqa: E402
 
 log = logging.getLogger("tests.stand_in")
@@ -185,11 +185,7 @@ class StandInEngine(Engine):
         if self.slot is not None:
             self.phase = "joining the shared engine"
         else:
-            if on_cpu():
-                kv_bytes = arguments.get("kv_cache_memory_bytes") or 4 << 30
-                self.memory_need = kv_bytes + weights_bytes(folder, arguments.get("dtype"))
-            else:
-                self.memory_need = float(arguments.get("gpu_memory_utilization", 0.9))
+            self.memory_need = memory_need(arguments, folder, gpu_share=0.9)  # vLLM's default share
             make_room(self)
             self.phase = "loading the model into vLLM"
             log.info("Starting the engine for preset %r (model %s)", self.preset.name, folder)

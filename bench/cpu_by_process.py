@@ -4,17 +4,20 @@ loses its last second; processes that ran before the command count only what the
 
     python -m bench.cpu_by_process -- scripts/test --dev
 
-It prints the command's wall time and the CPU seconds of each kind, the largest first.
+It prints the command's wall time and the CPU seconds of each kind, the largest first; with
+--by-command, of each command line instead (temporary paths and port numbers made alike).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import psutil
 
@@ -36,6 +39,18 @@ def kind_of(process: psutil.Process) -> str | None:
     return "other" if words.strip() else "kernel"
 
 
+def command_of(process: psutil.Process) -> str | None:
+    """A process's command line with what differs between runs (temporary paths, ports) made alike."""
+    try:
+        words = " ".join(process.cmdline())
+    except psutil.Error:
+        return None
+    if "chrom" in words:
+        return kind_of(process)
+    words = re.sub(r"/tmp/\S+", "TMP", words)
+    return re.sub(r"(--port[ =]|:)\d{4,5}\b", r"\1PORT", words)[:160]
+
+
 def cpu_s(process: psutil.Process) -> float | None:
     try:
         times = process.cpu_times()
@@ -47,11 +62,12 @@ def cpu_s(process: psutil.Process) -> float | None:
 class Sampler:
     """CPU seconds spent by each kind of process since it started sampling."""
 
-    def __init__(self) -> None:
+    def __init__(self, name_of: Callable[[psutil.Process], str | None] = kind_of) -> None:
+        self.name_of = name_of
         self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds when last read)
         self.totals: Counter[str] = Counter()
         for process in psutil.process_iter():  # already running: counted from now
-            if (kind := kind_of(process)) is not None and (spent := cpu_s(process)) is not None:
+            if (kind := name_of(process)) is not None and (spent := cpu_s(process)) is not None:
                 self.seen[process.pid] = (kind, spent)
         self.done = threading.Event()
 
@@ -60,7 +76,7 @@ class Sampler:
             if (spent := cpu_s(process)) is None:
                 continue
             if process.pid not in self.seen:
-                if (kind := kind_of(process)) is None:
+                if (kind := self.name_of(process)) is None:
                     continue
                 self.seen[process.pid] = (kind, 0.0)
             kind, last = self.seen[process.pid]
@@ -75,9 +91,11 @@ class Sampler:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--by-command", action="store_true", help="group by command line, not by kind")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
-    command = [word for word in parser.parse_args().command if word != "--"]
-    sampler = Sampler()
+    arguments = parser.parse_args()
+    command = [word for word in arguments.command if word != "--"]
+    sampler = Sampler(command_of if arguments.by_command else kind_of)
     thread = threading.Thread(target=sampler.run, daemon=True)
     thread.start()
     started = time.monotonic()

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,12 +27,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
 from chat.lifeline import ends_with_parent
 from tests.pages import wait_drawn
+
+if TYPE_CHECKING:
+    from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
@@ -311,6 +316,7 @@ def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
 
 
 @functools.cache
+@functools.cache
 def ran_app(*args: str) -> subprocess.CompletedProcess:
     """What `python app.py ARGS` printed and returned; each distinct command runs once a session (it
     imports vLLM, ~6 s): the same arguments give the same answer."""
@@ -489,12 +495,30 @@ def protected_app() -> Iterator[RunningApp]:
     stop_app(app)
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every HTTP client the tests make. httpx makes a new one for each client it
+    makes unless given one (~30 ms of CPU on these machines: OpenSSL 3 parsing certifi's bundle), and
+    gradio_client makes a new httpx client for every call and every stream: that was ~a third of the
+    app tests' own CPU. The apps are spoken to over plain HTTP anyway."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+def api_client(url: str, *, auth: tuple[str, str] | None = None, cookies: dict[str, str] | None = None) -> Client:
+    """gradio_client's `Client` on `url`, quietly, with the shared TLS context."""
+    from gradio_client import Client
+
+    # `ssl_verify` is typed as a bool, but gradio_client hands it to every httpx call as `verify`,
+    # which takes a context.
+    return Client(url, auth=auth, verbose=False, ssl_verify=tls_context(), httpx_kwargs={"cookies": cookies or {}})
+
+
 @pytest.fixture
 def client(app_server):
     """A new client per test: each has its own session, so conversations never leak between tests."""
-    from gradio_client import Client
-
-    return Client(app_server.url, verbose=False)
+    return api_client(app_server.url)
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from gradio_client import Client
 
 from chat.admin import NOT_ADMIN
-from tests.conftest import ADMIN, GUEST, OUTPUT
+from tests.conftest import ADMIN, GUEST, OUTPUT, api_client
 from tests.test_browser_compare import set_number
 
 pytestmark = pytest.mark.browser
@@ -120,7 +119,7 @@ def test_someone_who_is_not_an_administrator_sees_no_capacity_or_reset_and_is_re
     page.locator("#leaderboard-summary").wait_for()
     assert page.get_by_role("tab", name="Capacity").count() == 0
     assert page.locator("#leaderboard-admin").is_hidden()
-    client = Client(admin_app.url, auth=GUEST, verbose=False)
+    client = api_client(admin_app.url, auth=GUEST)
     refused = client.predict(PRESET, "(none)", 2, 3, 32, 16, "95th percentile time to first token", 800,
                              api_name="/capacity")
     assert refused[0] == f"⚠️ {NOT_ADMIN}", refused
@@ -130,7 +129,7 @@ def test_someone_who_is_not_an_administrator_sees_no_capacity_or_reset_and_is_re
 
 
 def test_an_administrator_can_reset_the_votes(signed_in, admin_app):
-    client = Client(admin_app.url, auth=ADMIN, verbose=False)
+    client = api_client(admin_app.url, auth=ADMIN)
     client.predict([PRESET, "SmolLM2 135M (CPU, deterministic)"], True, "Say yes.", [{"max_tokens": 4}] * 2,
                    api_name="/compare")
     assert client.predict("tie", None, api_name="/vote")["ok"]

@@ -22,6 +22,7 @@ from chat.history import text_of
 from chat.presets import load_presets
 from chat.share_link import decode_link, encode_link
 from chat.stats import REPLIED, SUMMARY, Finish, ReplyStats, percentile
+from tests.conftest import api_client
 
 CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministic)"
 
@@ -337,9 +338,7 @@ def test_two_presets_on_one_engine_stream_at_the_same_time(client, app_server):
 
 def test_stop_from_another_request_stops_every_column(app_server):
     """Stop is a separate event of the same session; both columns end as stopped by you."""
-    from gradio_client import Client
-
-    client = Client(app_server.url, verbose=False)
+    client = api_client(app_server.url)
     job = client.submit(*compare_inputs("Tell me a very long story about a lighthouse keeper.", 400),
                         api_name="/compare")
     started = threading.Event()
@@ -363,9 +362,7 @@ def test_stop_from_another_request_stops_every_column(app_server):
 
 
 def test_malformed_settings_through_the_api_are_refused_with_a_sentence(app_server):
-    from gradio_client import Client
-
-    client = Client(app_server.url, verbose=False)  # a session of its own: no comparison yet
+    client = api_client(app_server.url)  # a session of its own: no comparison yet
     result = client.predict([CREATIVE, DETERMINISTIC], False, "Hi", [1, 2], api_name="/compare")
     assert result["status"].startswith("⚠️ sampling is a list") and result["columns"] == [], result
     result = client.predict([CREATIVE, DETERMINISTIC], False, "Hi", [{"temprature": 1}, {}], api_name="/compare")
@@ -375,9 +372,7 @@ def test_malformed_settings_through_the_api_are_refused_with_a_sentence(app_serv
 def test_blind_columns_cannot_be_told_apart_before_the_vote_through_the_api(app_server):
     """Whatever settings a visitor asks for, a blind comparison writes every column with the same ones,
     and before the vote each column's lines read the same."""
-    from gradio_client import Client
-
-    client = Client(app_server.url, verbose=False)
+    client = api_client(app_server.url)
     apart = client.predict([CREATIVE, DETERMINISTIC], True, "Count to ten.", [{"max_tokens": 1}, {"max_tokens": 3}],
                            api_name="/compare")
     assert apart["status"].startswith("⚠️ In a blind comparison every column writes with the same settings"), apart

@@ -15,7 +15,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
-from tests.conftest import PROBLEM_LINE, USER, get_json, running, start_app, still_running
+from tests.conftest import PROBLEM_LINE, USER, api_client, get_json, running, start_app, still_running
 from tests.test_stream import engine_idle, reply_to
 
 PRESET = "SmolLM2 135M (CPU)"
@@ -56,9 +56,7 @@ async def test_beyond_the_waiting_limit_a_request_is_refused_at_once(engine, def
 
 def test_metrics_show_the_apps_and_vllms_numbers(real_app):
     """On the real engine: vLLM's own metrics come from its front end, which the stand-in has not."""
-    from gradio_client import Client
-
-    Client(real_app.url, verbose=False).predict("Say hello.", PRESET, "", 0.0, 0.9, 0, 6, 1.0, 1, api_name="/chat")
+    api_client(real_app.url).predict("Say hello.", PRESET, "", 0.0, 0.9, 0, 6, 1.0, 1, api_name="/chat")
     with urllib.request.urlopen(real_app.url + "metrics", timeout=10) as response:
         text = response.read().decode()
     for name in (
@@ -100,7 +98,6 @@ def http_status(url: str, auth: tuple[str, str] | None = None) -> int:
 @pytest.mark.app
 def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     import websockets.sync.client as ws
-    from gradio_client import Client
 
     url = protected_app.url
     assert http_status(url + "metrics") == 401 and http_status(url + "metrics", AUTH) == 200
@@ -117,10 +114,10 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     with urllib.request.urlopen(url, timeout=10) as page:  # a login form: no title of the chat behind it
         assert b'id="page-shell"' not in page.read()
     with pytest.raises(Exception, match="(?i)log ?in|auth|401|403"):
-        Client(url, verbose=False)
+        api_client(url)
     with pytest.raises(Exception, match="403|rejected|InvalidStatus"):
         ws.connect(url.replace("http", "ws") + "chat", open_timeout=10).close()
-    messages = Client(url, auth=AUTH, verbose=False).predict("Hi", PRESET, "", 0.0, 0.9, 0, 3, 1.0, 1, api_name="/chat")
+    messages = api_client(url, auth=AUTH).predict("Hi", PRESET, "", 0.0, 0.9, 0, 3, 1.0, 1, api_name="/chat")
     assert messages[-1]["metadata"]["title"].startswith("📊 ")
     from chat.client import ReplyStream
 
@@ -137,10 +134,8 @@ FIRST_TEXT_WITHIN_S = 180.0  # a bound for a loaded machine; seconds on a quiet 
 @pytest.mark.app
 @pytest.mark.logs_errors  # "The engine ... died; restarting it": what an operator must see
 def test_a_killed_engine_ends_streams_plainly_and_restarts(real_app):
-    from gradio_client import Client
-
     app = real_app
-    client = Client(app.url, verbose=False)
+    client = api_client(app.url)
     sent = time.monotonic()
     job = client.submit("Tell me a very long story about a lighthouse.", PRESET, "", 0.8, 0.9, 0, 800, 1.0, -1, api_name="/chat")
     # Killed before its first text, the reply started on the restarted engine and outran job.result's
@@ -158,7 +153,7 @@ def test_a_killed_engine_ends_streams_plainly_and_restarts(real_app):
     status, body = get_json(app.url + "healthz")
     assert status == 503 and "Restarting the engine" in body["reason"], body
     # The next message waits for the new engine instead of failing.
-    after = Client(app.url, verbose=False).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
+    after = api_client(app.url).predict("Say hi.", PRESET, "", 0.0, 0.9, 0, 4, 1.0, 1, api_name="/chat")
     assert after[-1]["metadata"]["title"].startswith("📊 ")
     assert app.health()[0] == 200
     assert engine_core_of(app.process.pid).pid != victim.pid

@@ -21,14 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from gradio_client import Client
 
 from chat.admin import NOT_ADMIN
 from chat.shedding import front_door_warning
 from chat.stats import REPLIED
 from chat.voters import COOKIE as VOTER_COOKIE
 from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
-from tests.conftest import PROBLEM_LINE, public_address, stranger_url
+from tests.conftest import PROBLEM_LINE, api_client, public_address, stranger_url
 from tests.test_stop import quiet
 from tests.test_workers import chat
 
@@ -119,7 +118,7 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, front_door_app):
         settings = {"max_tokens": 2, "temperature": 0.0}
 
         def votes(first: int) -> list[bool]:
-            api = Client(stranger_url(front_door_app), verbose=False, httpx_kwargs={"cookies": {VOTER_COOKIE: voter}})
+            api = api_client(stranger_url(front_door_app), cookies={VOTER_COOKIE: voter})
             cast = []
             for i in range(first, VOTES_PER_VOTER - 1, 4):
                 api.predict([CREATIVE, DETERMINISTIC], True, f"Say the letter {i}.", [settings, settings], api_name="/compare")
@@ -151,14 +150,14 @@ def test_a_stranger_replaying_votes_through_the_api_is_held_to_the_limits(front_
     """Each vote with a cookie the client dropped and a new session: a new voter every time, but
     one address; the Leaderboard moves by at most what one address may cast in an hour."""
     url = stranger_url(front_door_app)
-    board = Client(front_door_app.url, verbose=False)  # from this machine: reading the leaderboard
+    board = api_client(front_door_app.url)  # from this machine: reading the leaderboard
     before = board.predict(True, api_name="/leaderboard")["votes_stored"]
     settings = {"max_tokens": 2, "temperature": 0.0}
     attackers = 6  # at once, as an attacker would (and the limit is counted where votes are stored)
     tries = VOTES_PER_ADDRESS + attackers  # past the address's hour whatever this address cast before
 
     def replay(first: int) -> list[dict]:
-        client = Client(url, verbose=False)
+        client = api_client(url)
         outcomes = []
         for i in range(first, tries, attackers):
             client.cookies[VOTER_COOKIE] = fresh_voter_cookie(url)
@@ -263,7 +262,7 @@ def test_a_slow_head_and_a_stalled_body_are_cut_off_and_idle_connections_do_not_
     try:
         status, _ = front_door_app.health()
         assert status == 200
-        assert chat(Client(front_door_app.url, verbose=False), "Say hi.", CREATIVE)
+        assert chat(api_client(front_door_app.url), "Say hi.", CREATIVE)
         assert closed.wait(60), "a header sent one byte a second was never cut off"
         # The worker's 408 at its 10 s, passed on at once, and the connection closed (Go's server held
         # it until Caddy's read limit, 20 s, then kept the connection 30 s more).

@@ -10,7 +10,7 @@ import threading
 import pytest
 from gradio_client import Client
 
-from tests.conftest import start_app, stop_app
+from tests.conftest import api_client, start_app, stop_app
 
 pytestmark = pytest.mark.app
 
@@ -33,7 +33,7 @@ def stored(client: Client) -> dict:
 
 
 def test_several_sessions_voting_at_once_lose_no_vote(app_server):
-    sessions = [Client(app_server.url, verbose=False) for _ in range(4)]
+    sessions = [api_client(app_server.url) for _ in range(4)]
     before = stored(sessions[0])["votes_stored"]
     threads = [threading.Thread(target=compare, args=(client, f"Name a colour, number {i}.")) for i, client in enumerate(sessions)]
     for thread in threads:
@@ -62,7 +62,7 @@ def test_several_sessions_voting_at_once_lose_no_vote(app_server):
 
 
 def test_votes_with_nothing_to_vote_on_twice_or_malformed_are_refused_with_a_sentence(app_server):
-    client = Client(app_server.url, verbose=False)
+    client = api_client(app_server.url)
     assert vote(client, "A") == {"ok": False,
                                  "error": "There is no comparison in this session to vote on; run one with /compare first."}
     compare(client, "Say hello.", blind=False)
@@ -82,7 +82,7 @@ def test_votes_survive_a_restart_of_the_app(app_server, tmp_path):
     """A vote is on disk once it is answered, not only at a clean stop: an app started on a copy of
     the running app's votes file (taken while that app runs) shows the same leaderboard, with no
     engine (one app start fewer than stopping the shared app and starting it again)."""
-    client = Client(app_server.url, verbose=False)
+    client = api_client(app_server.url)
     compare(client, "Write one word about the sea.")
     assert vote(client, "A")["ok"]
     board = stored(client)
@@ -92,7 +92,7 @@ def test_votes_survive_a_restart_of_the_app(app_server, tmp_path):
         source.backup(target)
     app = start_app("votes-after", "--votes-db", str(copy), engine_ready=False, stand_in=True)  # votes need no engine
     try:
-        after = stored(Client(app.url, verbose=False))
+        after = stored(api_client(app.url))
     finally:
         stop_app(app)
     assert after["votes_stored"] == board["votes_stored"] >= 1

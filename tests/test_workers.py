@@ -35,6 +35,7 @@ from tests.conftest import (
     PROBLEM_LINE,
     ROOT,
     RunningApp,
+    api_client,
     launch_app,
     replies_started,
     small_preset,
@@ -131,7 +132,7 @@ def pinned(app: RunningApp, worker: int) -> Client:
     """A gradio_client session that the front door sends to `worker`, as a browser with its cookie."""
     secret, ports = front_door(app)
     # As a cookie of the client's own (a Cookie header would hide the others, the voter's among them).
-    return Client(app.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: worker_cookie(secret, ports[worker])}})
+    return api_client(app.url, cookies={COOKIE: worker_cookie(secret, ports[worker])})
 
 
 def chat(client: Client, message: str, preset: str) -> str:

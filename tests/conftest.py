@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -37,6 +38,7 @@ from tests.pages import wait_drawn
 
 if TYPE_CHECKING:
     from gradio_client import Client
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
@@ -48,7 +50,7 @@ EXIT_STATUS = pytest.StashKey[int]()  # the session's, for the exit without clea
 # A test's tier, when its module does not say: the heaviest of what its fixtures start; else `engine`
 # where its module imports vLLM's library (`USES_VLLM = True`: 7-10 s of CPU, torch with it, that
 # `scripts/test --fast` never pays), else `unit`.
-TIER_FIXTURES = {"browser": {"browser"}, "app": {"app_server", "real_app", "client", "workers_app", "front_door_app"},
+TIER_FIXTURES = {"browser": {"browser", "cached_context"}, "app": {"app_server", "real_app", "client", "workers_app", "front_door_app"},
                  "engine": {"engine", "registry", "stand_in_registry"}}
 # The fixtures that start the real engine (the embedded model on vLLM's CPU build), by the module that
 # defines them (test modules whose tests run on the stand-in engine name theirs `registry` and `engine`
@@ -66,10 +68,10 @@ STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends front_
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
-    run the unit tier first (the quickest failures first); run the tests of the
-    app behind a login (`protected_app`, from three modules) last and together, so that one start of
-    that app serves them all and it never idles beside other tests; and the test that stops the two
-    workers behind Caddy (`front_door_app`) after every other."""
+    run the unit tier first (the quickest failures first); the browser tests after every other test
+    (`cached_context`); the tests of the app behind a login (`protected_app`, from three modules)
+    together, its browser tests right after its others, so that one start of that app serves them
+    all; and the test that stops the two workers behind Caddy (`front_door_app`) after every other."""
     for item in items:
         if uses_real_engine(item):
             item.add_marker("real_engine")
@@ -83,8 +85,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         by_module = "engine" if getattr(getattr(item, "module", None), "USES_VLLM", False) else "unit"
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), by_module)
         item.add_marker(tier)
-    items.sort(key=lambda item: (item.get_closest_marker(STOPS_FRONT_DOOR) is not None,  # stable
-                                 "protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))
+    def place(item: pytest.Item) -> tuple[bool, ...]:
+        protected = "protected_app" in getattr(item, "fixturenames", ())
+        browser = tier_of(item) == "browser"
+        # The browser tests after every other (the browser, once a session, holds an event loop in this
+        # thread: `cached_context`), those of the app behind a login first among them.
+        return (item.get_closest_marker(STOPS_FRONT_DOOR) is not None, browser, protected != browser,
+                tier_of(item) != "unit")
+
+    items.sort(key=place)  # stable
 
 
 def uses_real_engine(item: pytest.Item) -> bool:
@@ -521,44 +530,94 @@ def client(app_server):
     return api_client(app_server.url)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium, headless. Module-scoped: Playwright's sync API holds an event loop in
-    this thread until it stops, which the async tests of later modules need free."""
+CHROMIUM = dict(executable_path="/usr/bin/chromium",
+                args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                      "--disable-component-update", "--disable-sync"])
+LAPTOP = {"width": 1280, "height": 900}
+
+
+@pytest.fixture(scope="session")
+def cached_context(tmp_path_factory) -> Iterator[BrowserContext]:
+    """Debian's Chromium, headless, once a session, and its one context that keeps a cache on disk
+    (a profile folder): the pages of `open_page` share it, so Gradio's ~80 scripts and stylesheets
+    are fetched and compiled once, not once a page (a page then costs the machine about half the CPU,
+    docs/testing.md). Playwright's sync API holds an event loop in this thread from here on: the
+    browser tests run after every async test (pytest_collection_modifyitems)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
-        )
-        yield browser
-        browser.close()
+        context = playwright.chromium.launch_persistent_context(tmp_path_factory.mktemp("chromium"),
+                                                                viewport=LAPTOP, **CHROMIUM)
+        yield context
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def browser(cached_context: BrowserContext) -> Browser:
+    """The browser, for a test that needs a context of its own (`browser.new_context`): a phone's, two
+    visitors at once, a time zone; it fetches and compiles the page afresh."""
+    assert cached_context.browser is not None
+    return cached_context.browser
 
 
 @pytest.fixture
-def page(browser, app_server, request):
+def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
+    """`open_page(url, width=, height=, reduced_motion=, color_scheme=)`: a page on `url` in the shared
+    context, drawn (`wait_drawn`). When the test ends its pages close and the context forgets their
+    sites' cookies and storage, as a context of its own would: only the cache stays."""
+    opened: list[Page] = []
+
+    def open_page(url: str, *, width: int = LAPTOP["width"], height: int = LAPTOP["height"],
+                  reduced_motion: str | None = None, color_scheme: str | None = None) -> Page:
+        page = cached_context.new_page()
+        opened.append(page)
+        page.set_viewport_size({"width": width, "height": height})
+        if reduced_motion or color_scheme:
+            page.emulate_media(reduced_motion=reduced_motion, color_scheme=color_scheme)
+        page.set_default_timeout(30_000)
+        page.goto(url)
+        wait_drawn(page)
+        return page
+
+    yield open_page
+    forget(cached_context, opened)
+
+
+SITE_DATA = "cookies,file_systems,indexeddb,local_storage,websql,service_workers,cache_storage,shared_storage,storage_buckets"
+
+
+def forget(context: BrowserContext, pages: list[Page]) -> None:
+    """Close `pages` and clear what their sites stored in `context` (cookies, local storage, IndexedDB,
+    ...), keeping the cache."""
+    origins = {f"{url.scheme}://{url.netloc}" for url in (urlsplit(page.url) for page in pages) if url.netloc}
+    for page in pages:
+        page.close()
+    if origins:
+        blank = context.new_page()  # any page of the context can clear every site's data
+        cdp = context.new_cdp_session(blank)
+        for origin in origins:
+            cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": SITE_DATA})
+        cdp.detach()
+        blank.close()
+    context.clear_cookies()
+
+
+@pytest.fixture
+def page(open_page, app_server, request):
     """A fresh page on the app, at a laptop's size; its screenshot lands in tests/output/ after the test."""
-    yield from opened_page(browser, app_server, request)
+    yield from screenshot_after(open_page(app_server.url), request)
 
 
 @pytest.fixture
-def real_page(browser, real_app, request):
+def real_page(open_page, real_app, request):
     """`page`, on the app on the real engine."""
-    yield from opened_page(browser, real_app, request)
+    yield from screenshot_after(open_page(real_app.url), request)
 
 
-def opened_page(browser, app: RunningApp, request) -> Iterator:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app.url)
-    wait_drawn(page)
+def screenshot_after(page: Page, request) -> Iterator[Page]:
     yield page
     OUTPUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
-    context.close()
 
 
 def small_preset(folder: Path, name: str, *, context: int = 1024, **fields: object) -> Path:

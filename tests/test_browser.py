@@ -362,17 +362,13 @@ def contrast(page, selector: str) -> float:
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_replies_and_stats_are_legible_in_both_themes(browser, app_server, theme):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=theme)
-    page = context.new_page()
-    page.goto(f"{app_server.url}?__theme={theme}")
-    wait_drawn(page)
+def test_replies_and_stats_are_legible_in_both_themes(open_page, app_server, theme):
+    page = open_page(f"{app_server.url}?__theme={theme}", color_scheme=theme)
     send(page, "Say hello in French.", max_tokens=SHORT)
     watch_reply(page, REPLIED)
     assert contrast(page, REPLY_TEXT + " .message-content") >= 4.5
     assert contrast(page, REPLY_TITLE) >= 3
     page.screenshot(path=str(OUTPUT / f"theme-{theme}.png"))
-    context.close()
 
 
 def test_script_in_a_message_never_runs(page):
@@ -384,24 +380,21 @@ def test_script_in_a_message_never_runs(page):
     assert page.locator("#chatbot [onerror], #chatbot [onmouseover]").count() == 0
 
 
-def test_closing_the_tab_aborts_its_reply(browser, app_server):
+def test_closing_the_tab_aborts_its_reply(open_page, app_server):
     """The engine is freed for others at once: the reply counts as cut short, not run to its end
     (it asks for a very long story). How soon, on a loaded machine, is not asserted here."""
     from tests.test_load import replies_counted
 
     app_server.wait_idle(timeout=60)  # the counts are this reply's alone
     before = replies_counted(app_server.url)
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(app_server.url)
-    wait_drawn(page)
+    page = open_page(app_server.url)
     send(page, "Tell me a very long story about the ocean.", max_tokens=TO_STOP)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(is_text(t) for t in page.locator(REPLY_TEXT).all_inner_texts()):
         time.sleep(0.05)  # the reply's bubble shows before its first word: wait for words
     status, body = app_server.health()
     assert body["engines"][0]["streams"] >= 1
-    context.close()
+    page.close()
     body = app_server.wait_idle(timeout=60)
     assert body["engines"][0]["running"] == 0 and body["engines"][0]["streams"] == 0
     after = replies_counted(app_server.url)
@@ -417,3 +410,23 @@ def test_the_conversation_can_be_saved_as_markdown_with_its_stats(page):
         page.locator("#save").click()  # one click
     text = Path(download.value.path()).read_text(encoding="utf-8")
     assert "**You:**" in text and "Name a colour." in text and title in text and "| Preset | SmolLM2 135M (CPU) |" in text
+
+
+def test_a_test_s_pages_leave_the_next_test_only_the_cache(cached_context, app_server):
+    """The pages of `open_page` share one context for its cache (tests/conftest.py): what a test's pages
+    stored, cookies and local storage, is gone for the next test, as with a context of its own."""
+    from tests.conftest import forget
+
+    page = cached_context.new_page()
+    page.goto(app_server.url)
+    page.evaluate("() => { localStorage.setItem('left', 'behind'); document.cookie = 'left=behind; max-age=600'; }")
+    assert page.evaluate("() => localStorage.getItem('left')") == "behind"
+    forget(cached_context, [page])
+    again = cached_context.new_page()
+    again.goto(app_server.url)
+    try:
+        assert again.evaluate("() => localStorage.getItem('left')") is None
+        assert "left=" not in again.evaluate("() => document.cookie")
+        assert not [c for c in cached_context.cookies() if c["name"] == "left"]
+    finally:
+        forget(cached_context, [again])

@@ -46,17 +46,30 @@ def problems(page, settled: bool = True) -> list[str]:
     return found
 
 
-def new_page(browser, app_server, device: str = "laptop"):
-    width, height = WIDTHS[device]
-    # Reduced motion: the page then drops Gradio's fades, which axe would catch half-way (a fading
-    # progress timer measures as low contrast).
-    context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=device == "phone",
-                                  has_touch=device == "phone", reduced_motion="reduce")
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app_server.url)
-    wait_drawn(page)
-    return context, page
+@pytest.fixture
+def new_page(open_page, browser, app_server):
+    """`new_page(device)`: a page on the app at a phone's or a laptop's size, in reduced motion (the
+    page then drops Gradio's fades, which axe would catch half-way: a fading progress timer measures
+    as low contrast). A laptop's shares the session's cached context; a phone's (touch, a mobile
+    viewport) has a context of its own."""
+    contexts = []
+
+    def new_page(device: str = "laptop"):
+        width, height = WIDTHS[device]
+        if device != "phone":
+            return open_page(app_server.url, width=width, height=height, reduced_motion="reduce")
+        context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=True,
+                                      has_touch=True, reduced_motion="reduce")
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(app_server.url)
+        wait_drawn(page)
+        return page
+
+    yield new_page
+    for context in contexts:
+        context.close()
 
 
 def tab_names(page) -> list[str]:
@@ -72,23 +85,20 @@ def focused(page) -> str:
 
 
 @pytest.mark.parametrize("device", list(WIDTHS))
-def test_every_tab_has_no_serious_accessibility_problem(browser, app_server, device):
-    context, page = new_page(browser, app_server, device)
-    try:
-        found = {}
-        names = tab_names(page)
-        assert {"Chat", "Compare", "Monitor"} <= set(names), names
-        for name in names:
-            open_tab(page, name)
-            found[name] = problems(page)
-        if device == "phone":
-            open_tab(page, "Chat")
-            page.locator("#settings-open").click()
-            page.locator("#preset").wait_for(state="visible")
-            found["Chat's settings"] = problems(page)
-        assert not any(found.values()), found
-    finally:
-        context.close()
+def test_every_tab_has_no_serious_accessibility_problem(new_page, device):
+    page = new_page(device)
+    found = {}
+    names = tab_names(page)
+    assert {"Chat", "Compare", "Monitor"} <= set(names), names
+    for name in names:
+        open_tab(page, name)
+        found[name] = problems(page)
+    if device == "phone":
+        open_tab(page, "Chat")
+        page.locator("#settings-open").click()
+        page.locator("#preset").wait_for(state="visible")
+        found["Chat's settings"] = problems(page)
+    assert not any(found.values()), found
 
 
 # A button's disabled look and its enabled one, read as the page turns it from the one to the other.
@@ -105,41 +115,35 @@ ENABLED_AT_ONCE = """async (selector) => {
 }"""
 
 
-def test_a_button_enabled_under_reduced_motion_looks_enabled_at_once(browser, app_server):
-    context, page = new_page(browser, app_server)
-    try:
-        open_tab(page, "Leaderboard")
-        button = "#leaderboard-export-leaderboard-json"
-        page.wait_for_function(f"() => document.querySelector('{button}')?.disabled === false")
-        assert page.evaluate(ENABLED_AT_ONCE, button) == ["0.5", "1"], "dimmed while disabled, then at once not"
-    finally:
-        context.close()
+def test_a_button_enabled_under_reduced_motion_looks_enabled_at_once(new_page):
+    page = new_page()
+    open_tab(page, "Leaderboard")
+    button = "#leaderboard-export-leaderboard-json"
+    page.wait_for_function(f"() => document.querySelector('{button}')?.disabled === false")
+    assert page.evaluate(ENABLED_AT_ONCE, button) == ["0.5", "1"], "dimmed while disabled, then at once not"
 
 
-def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(browser, app_server):
-    context, page = new_page(browser, app_server)
-    try:
-        found = {}
-        box = page.locator("#message textarea")
-        box.fill("Say hello in five words.")
-        box.press("Enter")
-        page.locator("#stop").wait_for(state="visible")
-        # The busy stats line as a reader meets it: with its words. Gradio adds the line's button
-        # first and its Markdown words a moment later; a scan in between judged a nameless button.
-        page.locator(REPLY_TITLE).filter(has_text=WAITING).first.wait_for()
-        found["Chat, writing"] = problems(page, settled=False)  # Stop and a busy stats line on screen
-        page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
-        found["Chat, after a reply"] = problems(page)  # the stats fold beneath the reply
+def test_replies_charts_and_a_comparison_have_no_serious_accessibility_problem(new_page):
+    page = new_page()
+    found = {}
+    box = page.locator("#message textarea")
+    box.fill("Say hello in five words.")
+    box.press("Enter")
+    page.locator("#stop").wait_for(state="visible")
+    # The busy stats line as a reader meets it: with its words. Gradio adds the line's button
+    # first and its Markdown words a moment later; a scan in between judged a nameless button.
+    page.locator(REPLY_TITLE).filter(has_text=WAITING).first.wait_for()
+    found["Chat, writing"] = problems(page, settled=False)  # Stop and a busy stats line on screen
+    page.locator(REPLY_TITLE).filter(has_text=REPLIED).first.wait_for(timeout=90_000)
+    found["Chat, after a reply"] = problems(page)  # the stats fold beneath the reply
 
-        open_tab(page, "Monitor")
-        page.locator("#monitor-charts svg").first.wait_for()
-        found["Monitor, with charts"] = problems(page)
+    open_tab(page, "Monitor")
+    page.locator("#monitor-charts svg").first.wait_for()
+    found["Monitor, with charts"] = problems(page)
 
-        compare_with_replies(page)
-        found["Compare, after a comparison"] = problems(page)  # votes, summary table, bar charts
-        assert not any(found.values()), found
-    finally:
-        context.close()
+    compare_with_replies(page)
+    found["Compare, after a comparison"] = problems(page)  # votes, summary table, bar charts
+    assert not any(found.values()), found
 
 
 def compare_with_replies(page) -> None:
@@ -155,15 +159,12 @@ def compare_with_replies(page) -> None:
     page.locator("#compare-ttft-plot svg").first.wait_for()
 
 
-def test_a_comparison_with_replies_on_a_phone_has_no_serious_accessibility_problem(browser, app_server):
-    context, page = new_page(browser, app_server, "phone")
-    try:
-        compare_with_replies(page)
-        page.locator("#compare-summary tbody td[data-label=Preset]").first.wait_for()
-        assert problems(page) == []
-        assert page.evaluate(PAST_THE_EDGE, "body") == [], "the summary table and all else within a phone's width"
-    finally:
-        context.close()
+def test_a_comparison_with_replies_on_a_phone_has_no_serious_accessibility_problem(new_page):
+    page = new_page("phone")
+    compare_with_replies(page)
+    page.locator("#compare-summary tbody td[data-label=Preset]").first.wait_for()
+    assert problems(page) == []
+    assert page.evaluate(PAST_THE_EDGE, "body") == [], "the summary table and all else within a phone's width"
 
 
 def open_preset_list(page) -> None:
@@ -188,68 +189,62 @@ STAYS_CLOSED = """() => new Promise((resolve) => {
 
 
 @pytest.mark.parametrize("key", ["Tab", "Shift+Tab"])
-def test_tab_away_from_the_preset_list_closes_it(browser, app_server, key):
-    context, page = new_page(browser, app_server)
-    try:
-        page.locator("#message textarea").focus()
-        open_preset_list(page)
-        page.keyboard.press(key)
-        page.locator("#preset [role=listbox]").wait_for(state="hidden")
-        assert page.evaluate(STAYS_CLOSED), "the list opened again after the focus left it"
-        assert page.evaluate("document.activeElement !== document.body"), "the focus moved to a control, not to the page"
-        assert focused(page) != "preset", "the focus moved on from the preset list"
-    finally:
-        context.close()
+def test_tab_away_from_the_preset_list_closes_it(new_page, key):
+    page = new_page()
+    page.locator("#message textarea").focus()
+    open_preset_list(page)
+    page.keyboard.press(key)
+    page.locator("#preset [role=listbox]").wait_for(state="hidden")
+    assert page.evaluate(STAYS_CLOSED), "the list opened again after the focus left it"
+    assert page.evaluate("document.activeElement !== document.body"), "the focus moved to a control, not to the page"
+    assert focused(page) != "preset", "the focus moved on from the preset list"
 
 
-def test_the_chat_works_from_the_keyboard_alone(browser, app_server):
-    context, page = new_page(browser, app_server)
-    try:
-        assert focused(page) == "message", "the message box has the focus when the page opens"
-        # A reply long enough to be still written when Stop is reached (set with the mouse: the
-        # keyboard's part starts in the message box again).
-        page.locator(MAX_TOKENS).fill(str(TO_STOP))
-        page.locator(MAX_TOKENS).press("Tab")
-        page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{TO_STOP}'")
-        page.locator("#message textarea").focus()
-        page.keyboard.type("Tell me a very long story about a dragon who learns to bake bread.")
-        page.keyboard.press("Enter")
+def test_the_chat_works_from_the_keyboard_alone(new_page):
+    page = new_page()
+    assert focused(page) == "message", "the message box has the focus when the page opens"
+    # A reply long enough to be still written when Stop is reached (set with the mouse: the
+    # keyboard's part starts in the message box again).
+    page.locator(MAX_TOKENS).fill(str(TO_STOP))
+    page.locator(MAX_TOKENS).press("Tab")
+    page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{TO_STOP}'")
+    page.locator("#message textarea").focus()
+    page.keyboard.type("Tell me a very long story about a dragon who learns to bake bread.")
+    page.keyboard.press("Enter")
 
-        # Stop is reachable with Tab once the reply is being written, and Enter presses it.
-        deadline = time.monotonic() + 60
-        while not any(len(text) > 20 for text in page.locator(REPLY_TEXT).all_inner_texts()):
-            assert time.monotonic() < deadline, "no reply is being written"
-            time.sleep(0.05)
-        for _ in range(10):
-            page.keyboard.press("Tab")
-            if focused(page) == "stop":
-                break
-        assert focused(page) == "stop", f"Tab never reached Stop (at {focused(page)!r})"
-        page.keyboard.press("Enter")
-        page.locator(REPLY_TITLE).filter(has_text="stopped by you").first.wait_for(timeout=30_000)
+    # Stop is reachable with Tab once the reply is being written, and Enter presses it.
+    deadline = time.monotonic() + 60
+    while not any(len(text) > 20 for text in page.locator(REPLY_TEXT).all_inner_texts()):
+        assert time.monotonic() < deadline, "no reply is being written"
+        time.sleep(0.05)
+    for _ in range(10):
+        page.keyboard.press("Tab")
+        if focused(page) == "stop":
+            break
+    assert focused(page) == "stop", f"Tab never reached Stop (at {focused(page)!r})"
+    page.keyboard.press("Enter")
+    page.locator(REPLY_TITLE).filter(has_text="stopped by you").first.wait_for(timeout=30_000)
 
-        # The preset list is reachable with Shift+Tab; arrows and Enter pick another preset.
-        before = page.locator("#preset input").input_value()
-        for _ in range(80):
-            page.keyboard.press("Shift+Tab")
-            if focused(page) == "preset":
-                break
-        assert focused(page) == "preset", f"Shift+Tab never reached the preset list (at {focused(page)!r})"
-        page.keyboard.press("ArrowDown")
-        page.keyboard.press("Enter")
-        page.wait_for_function("(before) => document.querySelector('#preset input').value !== before", arg=before)
-        chosen = page.locator("#preset input").input_value()
-        page.locator("#title").filter(has_text=chosen).wait_for()
+    # The preset list is reachable with Shift+Tab; arrows and Enter pick another preset.
+    before = page.locator("#preset input").input_value()
+    for _ in range(80):
+        page.keyboard.press("Shift+Tab")
+        if focused(page) == "preset":
+            break
+    assert focused(page) == "preset", f"Shift+Tab never reached the preset list (at {focused(page)!r})"
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.wait_for_function("(before) => document.querySelector('#preset input').value !== before", arg=before)
+    chosen = page.locator("#preset input").input_value()
+    page.locator("#title").filter(has_text=chosen).wait_for()
 
-        # From the top of the page, the first Tab offers the way to the message box, from any tab.
-        page.get_by_role("tab", name="Leaderboard").click()
-        first = page.evaluate("""() => [...document.querySelectorAll('a[href], button, input, textarea, select, [tabindex]')]
-            .filter((e) => e.tabIndex >= 0 && !e.disabled)[0].id""")
-        assert first == "skip-to-message", "the first stop of Tab from the top of the page"
-        page.focus("#skip-to-message")
-        assert page.locator("#skip-to-message").is_visible()
-        page.keyboard.press("Enter")
-        page.wait_for_function("document.activeElement === document.querySelector('#message textarea')")
-        assert page.get_by_role("button", name="Send message").is_visible()
-    finally:
-        context.close()
+    # From the top of the page, the first Tab offers the way to the message box, from any tab.
+    page.get_by_role("tab", name="Leaderboard").click()
+    first = page.evaluate("""() => [...document.querySelectorAll('a[href], button, input, textarea, select, [tabindex]')]
+        .filter((e) => e.tabIndex >= 0 && !e.disabled)[0].id""")
+    assert first == "skip-to-message", "the first stop of Tab from the top of the page"
+    page.focus("#skip-to-message")
+    assert page.locator("#skip-to-message").is_visible()
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement === document.querySelector('#message textarea')")
+    assert page.get_by_role("button", name="Send message").is_visible()

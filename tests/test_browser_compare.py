@@ -1,5 +1,5 @@
 """The Compare tab in a real browser (Debian's Chromium, headless, driven by Playwright; the
-module-scoped `browser` fixture is in conftest)."""
+`open_page` fixture is in conftest)."""
 
 from __future__ import annotations
 
@@ -21,21 +21,9 @@ CREATIVE, DETERMINISTIC = "SmolLM2 135M (CPU)", "SmolLM2 135M (CPU, deterministi
 
 
 @pytest.fixture
-def open_page(browser, app_server):
-    contexts = []
-
-    def open_page(query: str = ""):
-        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(app_server.url + query)
-        page.get_by_role("tab", name="Compare").wait_for()  # tabs render their content once opened
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+def open_page(open_page, app_server):
+    """`open_page(query)`: the app's page with `query`, wide enough for two columns side by side."""
+    return lambda query="": open_page(app_server.url + query, width=1400, height=1000)
 
 
 def test_compare_is_made_when_first_opened_and_keeps_what_was_typed(open_page):

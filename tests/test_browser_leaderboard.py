@@ -17,14 +17,8 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
-def page(browser, app_server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app_server.url)
-    page.get_by_role("tab", name="Compare").wait_for()
-    yield page
-    context.close()
+def page(open_page, app_server):
+    return open_page(app_server.url, width=1400, height=1000)
 
 
 def table_rows(page) -> list[list[str]]:

@@ -68,10 +68,10 @@ STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends front_
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give every test exactly one tier marker, so `-m unit` (scripts/test --fast) runs the quick ones;
-    run the unit tier first (the quickest failures first); the browser tests after every other test
-    (`cached_context`); the tests of the app behind a login (`protected_app`, from three modules)
-    together, its browser tests right after its others, so that one start of that app serves them
-    all; and the test that stops the two workers behind Caddy (`front_door_app`) after every other."""
+    run the unit tier first (the quickest failures first); run the tests of the
+    app behind a login (`protected_app`, from three modules) last and together, so that one start of
+    that app serves them all and it never idles beside other tests; and the test that stops the two
+    workers behind Caddy (`front_door_app`) after every other."""
     for item in items:
         if uses_real_engine(item):
             item.add_marker("real_engine")
@@ -85,15 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         by_module = "engine" if getattr(getattr(item, "module", None), "USES_VLLM", False) else "unit"
         tier = next((tier for tier in ("browser", "app", "engine") if used & TIER_FIXTURES[tier]), by_module)
         item.add_marker(tier)
-    def place(item: pytest.Item) -> tuple[bool, ...]:
-        protected = "protected_app" in getattr(item, "fixturenames", ())
-        browser = tier_of(item) == "browser"
-        # The browser tests after every other (the browser, once a session, holds an event loop in this
-        # thread: `cached_context`), those of the app behind a login first among them.
-        return (item.get_closest_marker(STOPS_FRONT_DOOR) is not None, browser, protected != browser,
-                tier_of(item) != "unit")
-
-    items.sort(key=place)  # stable
+    items.sort(key=lambda item: (item.get_closest_marker(STOPS_FRONT_DOOR) is not None,  # stable
+                                 "protected_app" in getattr(item, "fixturenames", ()), tier_of(item) != "unit"))
 
 
 def uses_real_engine(item: pytest.Item) -> bool:
@@ -325,7 +318,6 @@ def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
 
 
 @functools.cache
-@functools.cache
 def ran_app(*args: str) -> subprocess.CompletedProcess:
     """What `python app.py ARGS` printed and returned; each distinct command runs once a session (it
     imports vLLM, ~6 s): the same arguments give the same answer."""
@@ -506,10 +498,11 @@ def protected_app() -> Iterator[RunningApp]:
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """One TLS context for every HTTP client the tests make. httpx makes a new one for each client it
-    makes unless given one (~30 ms of CPU on these machines: OpenSSL 3 parsing certifi's bundle), and
-    gradio_client makes a new httpx client for every call and every stream: that was ~a third of the
-    app tests' own CPU. The apps are spoken to over plain HTTP anyway."""
+    """One TLS context for gradio_client's calls. httpx makes a new one for each client it makes
+    unless given one (~30 ms of CPU on these machines: OpenSSL 3 loading certifi's bundle), and
+    gradio_client makes a new httpx client for every call and every stream: tests/test_bad_input.py
+    and tests/test_votes_app.py took 36 s of CPU with them, 23 s without. The apps are spoken to
+    over plain HTTP anyway."""
     import httpx
 
     return httpx.create_ssl_context()
@@ -537,22 +530,27 @@ LAPTOP = {"width": 1280, "height": 900}
 
 
 @pytest.fixture(scope="session")
-def cached_context(tmp_path_factory) -> Iterator[BrowserContext]:
-    """Debian's Chromium, headless, once a session, and its one context that keeps a cache on disk
-    (a profile folder): the pages of `open_page` share it, so Gradio's ~80 scripts and stylesheets
-    are fetched and compiled once, not once a page (a page then costs the machine about half the CPU,
-    docs/testing.md). Playwright's sync API holds an event loop in this thread from here on: the
-    browser tests run after every async test (pytest_collection_modifyitems)."""
+def browser_profile(tmp_path_factory) -> Path:
+    """Chromium's profile folder for the session: its cache outlives each module's browser."""
+    return tmp_path_factory.mktemp("chromium")
+
+
+@pytest.fixture(scope="module")
+def cached_context(browser_profile: Path) -> Iterator[BrowserContext]:
+    """Debian's Chromium, headless, and its one context that keeps a cache on disk (the session's
+    profile folder): the pages of `open_page` share it, so Gradio's ~80 scripts and stylesheets are
+    fetched and compiled once a session, not once a page (a page then costs the machine about half
+    the CPU, docs/testing.md). Module-scoped: Playwright's sync API holds an event loop in this
+    thread until it stops, which the async tests of later modules need free."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(tmp_path_factory.mktemp("chromium"),
-                                                                viewport=LAPTOP, **CHROMIUM)
+        context = playwright.chromium.launch_persistent_context(browser_profile, viewport=LAPTOP, **CHROMIUM)
         yield context
         context.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(cached_context: BrowserContext) -> Browser:
     """The browser, for a test that needs a context of its own (`browser.new_context`): a phone's, two
     visitors at once, a time zone; it fetches and compiles the page afresh."""

@@ -101,8 +101,8 @@ def fresh_voter_cookie(url: str) -> str:
 def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, front_door_app):
     from tests.test_browser_compare import set_number, watch_columns
 
-    # A fresh hour for the stranger's address, as an administrator's Reset gives it: the browser tests
-    # run after the others, and the replay below spends this address's votes.
+    # A fresh hour for the stranger's address, as an administrator's Reset gives it, whatever the tests
+    # before spent (the replay test below spends all of it).
     assert front_door_app.folder is not None
     with VoteStore(Path(front_door_app.folder.name) / "votes.sqlite3") as store:
         store.reset()

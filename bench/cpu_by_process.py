@@ -22,11 +22,17 @@ from collections.abc import Callable
 import psutil
 
 
+def command_line(process: psutil.Process) -> str | None:
+    """A process's command line (None when it has gone)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return None
+
+
 def kind_of(process: psutil.Process) -> str | None:
     """What a process is, from its command line (None when it has gone)."""
-    try:
-        words = " ".join(process.cmdline())
-    except psutil.Error:
+    if (words := command_line(process)) is None:
         return None
     if "chrom" in words:
         return "chromium: renderer" if "--type=renderer" in words else "chromium: other"
@@ -40,12 +46,9 @@ def kind_of(process: psutil.Process) -> str | None:
 
 
 def command_of(process: psutil.Process) -> str | None:
-    """A process's command line with what differs between runs (temporary paths, ports) made alike."""
-    try:
-        words = " ".join(process.cmdline())
-    except psutil.Error:
-        return None
-    if "chrom" in words:
+    """A process's command line with what differs between runs (temporary paths, ports) made alike;
+    Chromium's by kind."""
+    if (words := command_line(process)) is None or "chrom" in words:
         return kind_of(process)
     words = re.sub(r"/tmp/\S+", "TMP", words)
     return re.sub(r"(--port[ =]|:)\d{4,5}\b", r"\1PORT", words)[:160]

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from bench.cpu_by_process import Sampler, cpu_s, kind_of
+from bench.cpu_by_process import Sampler, command_of, cpu_s, kind_of
 
 # Spend `s` seconds of CPU, then wait for a line; "caddy" in the command line makes its kind caddy.
 BUSY = "import time\nstart = time.process_time()\nwhile time.process_time() - start < {s}: pass\ninput()\n# caddy"
@@ -38,3 +38,16 @@ def test_a_process_counts_under_its_kind_and_only_from_when_sampling_began():
     finally:
         before.communicate(b"\n")
     assert 0.28 <= sampler.totals["caddy"] < 0.75, sampler.totals
+
+
+def test_by_command_two_runs_of_one_command_on_other_ports_and_folders_count_as_one():
+    started = [subprocess.Popen([sys.executable, "-c", "input()", "--port", port, f"/tmp/{folder}/votes.sqlite3"],
+                                stdin=subprocess.PIPE) for port, folder in (("7861", "a1"), ("18423", "b2"))]
+    handles = [psutil.Process(process.pid) for process in started]
+    try:
+        commands = {command_of(handle) for handle in handles}
+    finally:
+        for process in started:
+            process.communicate(b"\n")
+    assert commands == {f"{sys.executable} -c input() --port PORT TMP"}, commands
+    assert command_of(handles[0]) is None  # gone

@@ -169,12 +169,17 @@ def test_a_comparison_with_replies_on_a_phone_has_no_serious_accessibility_probl
 
 def open_preset_list(page) -> None:
     """From the message box, Shift+Tab back to the preset list, which opens as it takes the focus."""
-    for _ in range(80):
-        page.keyboard.press("Shift+Tab")
-        if focused(page) == "preset":
-            break
-    assert focused(page) == "preset", f"Shift+Tab never reached the preset list (at {focused(page)!r})"
+    tab_to(page, "Shift+Tab", "preset", tries=80)
     page.locator("#preset [role=listbox]").wait_for()
+
+
+def tab_to(page, key: str, target: str, tries: int) -> None:
+    """Press `key` until the element `target` (an id) has the keyboard focus, at most `tries` times."""
+    for _ in range(tries):
+        page.keyboard.press(key)
+        if focused(page) == target:
+            return
+    raise AssertionError(f"{key} never reached #{target} (at {focused(page)!r})")
 
 
 STAYS_CLOSED = """() => new Promise((resolve) => {
@@ -217,21 +222,13 @@ def test_the_chat_works_from_the_keyboard_alone(new_page):
     while not any(len(text) > 20 for text in page.locator(REPLY_TEXT).all_inner_texts()):
         assert time.monotonic() < deadline, "no reply is being written"
         time.sleep(0.05)
-    for _ in range(10):
-        page.keyboard.press("Tab")
-        if focused(page) == "stop":
-            break
-    assert focused(page) == "stop", f"Tab never reached Stop (at {focused(page)!r})"
+    tab_to(page, "Tab", "stop", tries=10)
     page.keyboard.press("Enter")
     page.locator(REPLY_TITLE).filter(has_text="stopped by you").first.wait_for(timeout=30_000)
 
     # The preset list is reachable with Shift+Tab; arrows and Enter pick another preset.
     before = page.locator("#preset input").input_value()
-    for _ in range(80):
-        page.keyboard.press("Shift+Tab")
-        if focused(page) == "preset":
-            break
-    assert focused(page) == "preset", f"Shift+Tab never reached the preset list (at {focused(page)!r})"
+    tab_to(page, "Shift+Tab", "preset", tries=80)
     page.keyboard.press("ArrowDown")
     page.keyboard.press("Enter")
     page.wait_for_function("(before) => document.querySelector('#preset input').value !== before", arg=before)

@@ -531,17 +531,18 @@ LAPTOP = {"width": 1280, "height": 900}
 
 @pytest.fixture(scope="session")
 def browser_profile(tmp_path_factory) -> Path:
-    """Chromium's profile folder for the session: its cache outlives each module's browser."""
+    """Chromium's profile folder for the session: its disk cache outlives each module's browser (which
+    saves little on its own: the gain is within a browser's run)."""
     return tmp_path_factory.mktemp("chromium")
 
 
 @pytest.fixture(scope="module")
 def cached_context(browser_profile: Path) -> Iterator[BrowserContext]:
-    """Debian's Chromium, headless, and its one context that keeps a cache on disk (the session's
-    profile folder): the pages of `open_page` share it, so Gradio's ~80 scripts and stylesheets are
-    fetched and compiled once a session, not once a page (a page then costs the machine about half
-    the CPU, docs/testing.md). Module-scoped: Playwright's sync API holds an event loop in this
-    thread until it stops, which the async tests of later modules need free."""
+    """Debian's Chromium, headless, and its one context (on the session's profile folder): the pages
+    of `open_page` share it and its caches, so within a module Gradio's ~80 scripts and stylesheets
+    are not fetched and compiled again for every page (a later page costs the machine about half the
+    CPU of a first, docs/testing.md). Module-scoped: Playwright's sync API holds an event loop in
+    this thread until it stops, which the async tests of later modules need free."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -49,5 +49,6 @@ def test_by_command_two_runs_of_one_command_on_other_ports_and_folders_count_as_
     finally:
         for process in started:
             process.communicate(b"\n")
-    assert commands == {f"{sys.executable} -c input() --port PORT TMP"}, commands
+    # (The interpreter's own path may be under /tmp too, as in a fresh clone there.)
+    assert len(commands) == 1 and commands.pop().endswith(" -c input() --port PORT TMP"), commands
     assert command_of(handles[0]) is None  # gone

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUSY = "The demo is busy, try again in a moment."
+FAILED_REPLY = "The engine could not write this reply; please try again."  # vLLM failed the request
 RESTARTING = "The model's engine stopped working and is being restarted; your next message will wait for it."
 
 
@@ -297,7 +298,7 @@ class Engine:
             raise EngineFailed(RESTARTING) from exc
         except EngineGenerateError as exc:
             log.exception("Request %s failed in the engine", request_id)
-            raise EngineError("The engine could not write this reply; please try again.") from exc
+            raise EngineError(FAILED_REPLY) from exc
         finally:
             self._streams.pop(request_id, None)
             self.last_used = time.monotonic()

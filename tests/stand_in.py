@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script (`python tests/stand_in.py`): t
     sys.path.insert(0, str(ROOT))
 
 from bench.token_source import Emitted, Reply, Schedule  # noqa: E402 - after the path above
-from chat.engine import BUSY, Chunk, Engine, EngineState, EngineTimes, Prompt, memory_need  # noqa: E402
+from chat.engine import BUSY, FAILED_REPLY, Chunk, Engine, EngineState, EngineTimes, Prompt, memory_need  # noqa: E402
 from chat.engine_core import EngineSlot, engine_arguments  # noqa: E402
 from chat.errors import EngineBusy, EngineError  # noqa: E402
 from chat.models import resolve_model  # noqa: E402
@@ -100,7 +100,6 @@ Done."""
 # Failures on demand: a prompt in which FAIL_CUE comes after every reply's cue (the rule that picks a
 # reply) is refused by the engine as a request vLLM failed is, and an app started with STAND_IN_FAIL_START set fails its engines' start with it.
 FAIL_CUE = "stand-in: fail this reply"
-FAILED_REPLY = "The engine could not write this reply; please try again."  # chat/engine.py's for a request vLLM failed
 
 
 def replies() -> tuple[Reply, ...]:

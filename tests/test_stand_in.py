@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from chat.engine import Chunk, Engine, EngineState
+from chat.engine import FAILED_REPLY, Chunk, Engine, EngineState
 from chat.errors import EngineError
 from chat.registry import EngineRegistry
-from tests.stand_in import FAIL_CUE, FAILED_REPLY, SENTENCE, StandInEngine
+from tests.stand_in import FAIL_CUE, SENTENCE, StandInEngine
 from tests.stand_in_fixtures import engine, registry, service  # noqa: F401 - vLLM's AsyncLLM on the stand-in's schedule
 
 CONVERSATION = [

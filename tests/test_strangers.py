@@ -18,7 +18,6 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psutil
 import pytest
@@ -27,7 +26,7 @@ from chat.admin import NOT_ADMIN
 from chat.shedding import front_door_warning
 from chat.stats import REPLIED
 from chat.voters import COOKIE as VOTER_COOKIE
-from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER, VoteStore
+from chat.votes import TOO_MANY_FROM_ADDRESS, TOO_MANY_FROM_VOTER, VOTES_PER_ADDRESS, VOTES_PER_VOTER
 from tests.conftest import PROBLEM_LINE, api_client, public_address, stranger_url
 from tests.test_stop import quiet
 from tests.test_workers import chat
@@ -101,11 +100,6 @@ def fresh_voter_cookie(url: str) -> str:
 def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, front_door_app):
     from tests.test_browser_compare import set_number, watch_columns
 
-    # A fresh hour for the stranger's address, as an administrator's Reset gives it, whatever the tests
-    # before spent (the replay test below spends all of it).
-    assert front_door_app.folder is not None
-    with VoteStore(Path(front_door_app.folder.name) / "votes.sqlite3") as store:
-        store.reset()
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:  # closed however it ends: its page would hold connections from the stranger's address (the flood test counts them)
         page = context.new_page()

@@ -561,16 +561,25 @@ def browser(cached_context: BrowserContext) -> Browser:
 
 @pytest.fixture
 def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
-    """`open_page(url, width=, height=, reduced_motion=, color_scheme=)`: a page on `url` in the shared
-    context, drawn (`wait_drawn`). When the test ends its pages close and the context forgets their
-    sites' cookies and storage, as a context of its own would: only the cache stays."""
+    """`open_page(url, width=, height=, touch=, mobile=, reduced_motion=, color_scheme=)`: a page on
+    `url`, drawn (`wait_drawn`), in the shared context; a touch screen or a phone's mobile viewport
+    (context settings) gets a context of its own. When the test ends its pages close and the shared
+    context forgets their sites' cookies and storage, as a context of its own would: only the cache
+    stays."""
     opened: list[Page] = []
+    own: list[BrowserContext] = []
 
-    def open_page(url: str, *, width: int = LAPTOP["width"], height: int = LAPTOP["height"],
-                  reduced_motion: str | None = None, color_scheme: str | None = None) -> Page:
-        page = cached_context.new_page()
-        opened.append(page)
-        page.set_viewport_size({"width": width, "height": height})
+    def open_page(url: str, *, width: int = LAPTOP["width"], height: int = LAPTOP["height"], touch: bool = False,
+                  mobile: bool = False, reduced_motion: str | None = None, color_scheme: str | None = None) -> Page:
+        if touch or mobile:
+            assert cached_context.browser is not None
+            own.append(cached_context.browser.new_context(viewport={"width": width, "height": height},
+                                                          has_touch=touch, is_mobile=mobile))
+            page = own[-1].new_page()
+        else:
+            page = cached_context.new_page()
+            opened.append(page)
+            page.set_viewport_size({"width": width, "height": height})
         if reduced_motion or color_scheme:
             page.emulate_media(reduced_motion=reduced_motion, color_scheme=color_scheme)
         page.set_default_timeout(30_000)
@@ -580,6 +589,8 @@ def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
 
     yield open_page
     forget(cached_context, opened)
+    for context in own:
+        context.close()
 
 
 SITE_DATA = "cookies,file_systems,indexeddb,local_storage,websql,service_workers,cache_storage,shared_storage,storage_buckets"

@@ -331,17 +331,13 @@ def test_a_message_sent_the_moment_the_box_opens_again_is_sent(page):
     assert page.locator("#message textarea").input_value() == ""
 
 
-def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(browser, app_server):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-    page = context.new_page()
-    page.goto(app_server.url)
-    wait_drawn(page)
+def test_a_narrow_phone_screen_shows_the_chat_without_sideways_scrolling(open_page, app_server):
+    page = open_page(app_server.url, width=390, height=844, touch=True, mobile=True)
     send(page, "Hi!")
     watch_reply(page, REPLIED)
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1")
     assert page.locator(REPLY_TITLE).last.is_visible()
     page.screenshot(path=str(OUTPUT / "phone.png"), full_page=True)
-    context.close()
 
 
 def contrast(page, selector: str) -> float:

@@ -13,7 +13,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from chat.stats import REPLIED
 from chat.ui.messages import WAITING
-from tests.pages import open_tab, wait_drawn
+from tests.pages import open_tab
 from tests.test_browser import COMPARE_TITLE, MAX_TOKENS, REPLY_TEXT, REPLY_TITLE, TO_STOP
 from tests.test_browser_layout import PAST_THE_EDGE
 
@@ -47,29 +47,16 @@ def problems(page, settled: bool = True) -> list[str]:
 
 
 @pytest.fixture
-def new_page(open_page, browser, app_server):
-    """`new_page(device)`: a page on the app at a phone's or a laptop's size, in reduced motion (the
-    page then drops Gradio's fades, which axe would catch half-way: a fading progress timer measures
-    as low contrast). A laptop's shares the session's cached context; a phone's (touch, a mobile
-    viewport) has a context of its own."""
-    contexts = []
-
+def new_page(open_page, app_server):
+    """`new_page(device)`: a page on the app at a phone's (touch, a mobile viewport) or a laptop's size,
+    in reduced motion (the page then drops Gradio's fades, which axe would catch half-way: a fading
+    progress timer measures as low contrast)."""
     def new_page(device: str = "laptop"):
         width, height = WIDTHS[device]
-        if device != "phone":
-            return open_page(app_server.url, width=width, height=height, reduced_motion="reduce")
-        context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=True,
-                                      has_touch=True, reduced_motion="reduce")
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(app_server.url)
-        wait_drawn(page)
-        return page
+        phone = device == "phone"
+        return open_page(app_server.url, width=width, height=height, touch=phone, mobile=phone, reduced_motion="reduce")
 
-    yield new_page
-    for context in contexts:
-        context.close()
+    return new_page
 
 
 def tab_names(page) -> list[str]:

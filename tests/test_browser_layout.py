@@ -9,7 +9,7 @@ import pytest
 
 from chat.stats import REPLIED
 from tests.conftest import OUTPUT, ROOT
-from tests.pages import open_tab, wait_drawn
+from tests.pages import open_tab
 from tests.test_browser import REPLY_TITLE, send, watch_reply
 
 pytestmark = pytest.mark.browser
@@ -91,17 +91,9 @@ def on_first_screen(page, selector: str) -> bool:
 
 
 @pytest.mark.parametrize("device", list(WIDTHS))
-def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, open_page, app_server, device):
+def test_the_chat_works_at_every_width_with_the_message_box_on_screen(open_page, app_server, device):
     width, height = WIDTHS[device]
-    if device == "laptop":
-        page, context = open_page(app_server.url, width=width, height=height), None
-    else:  # touch, and a phone's mobile viewport: a context of its own
-        context = browser.new_context(viewport={"width": width, "height": height}, is_mobile=device == "phone",
-                                      has_touch=True)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(app_server.url)
-        wait_drawn(page)
+    page = open_page(app_server.url, width=width, height=height, touch=device != "laptop", mobile=device == "phone")
 
     assert covered_by(page, "#message textarea") == "itself"
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1"), "no sideways scrolling"
@@ -152,8 +144,6 @@ def test_the_chat_works_at_every_width_with_the_message_box_on_screen(browser, o
     for tab in ("Chat", "Compare", "Leaderboard", "Monitor"):
         open_tab(page, tab)
         assert page.evaluate(PAST_THE_EDGE, "body") == [], f"nothing on {tab} past the screen's edge"
-    if context is not None:
-        context.close()
 
 
 @pytest.mark.parametrize("device", ["phone", "laptop"])

@@ -41,8 +41,10 @@ def test_a_process_counts_under_its_kind_and_only_from_when_sampling_began():
 
 
 def test_by_command_two_runs_of_one_command_on_other_ports_and_folders_count_as_one():
-    started = [subprocess.Popen([sys.executable, "-c", "input()", "--port", port, f"/tmp/{folder}/votes.sqlite3"],
-                                stdin=subprocess.PIPE) for port, folder in (("7861", "a1"), ("18423", "b2"))]
+    started = [subprocess.Popen([sys.executable, "-c", "print(); input()", "--port", port, f"/tmp/{folder}/votes.sqlite3"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE) for port, folder in (("7861", "a1"), ("18423", "b2"))]
+    for process in started:  # its command line is read once it runs it (right after the fork it is empty)
+        process.stdout.readline()
     handles = [psutil.Process(process.pid) for process in started]
     try:
         commands = {command_of(handle) for handle in handles}
@@ -50,5 +52,5 @@ def test_by_command_two_runs_of_one_command_on_other_ports_and_folders_count_as_
         for process in started:
             process.communicate(b"\n")
     # (The interpreter's own path may be under /tmp too, as in a fresh clone there.)
-    assert len(commands) == 1 and commands.pop().endswith(" -c input() --port PORT TMP"), commands
+    assert len(commands) == 1 and commands.pop().endswith(" -c print(); input() --port PORT TMP"), commands
     assert command_of(handles[0]) is None  # gone

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -33,25 +34,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = settings.parse(argv)
     logs.configure(verbose=args.verbose)  # before anything imports vLLM (loading presets does)
     lifeline.forked_processes_leave_the_group()
-    catalog = load_presets(args.presets_dir)
-    if args.list_presets:
-        print_presets(catalog)
+    if args.list_presets:  # at once: vLLM's check of the engine settings is --check-presets's
+        print_presets(load_presets(args.presets_dir, check_engine=False))
         return 0
     if args.check_presets:
+        catalog = load_presets(args.presets_dir)
         for problem in catalog.problems.values():
             print(problem)
         print(f"{len(catalog.presets)} valid, {len(catalog.problems)} invalid preset file(s).")
         return 1 if catalog.problems else 0
 
     from chat.engine_core import on_cpu
+    from chat.front_door import MISSING, caddy_binary
     from chat.shedding import use_descriptor_limit
 
-    use_descriptor_limit()  # before anything starts: the workers, Caddy and the engines inherit it
     workers = settings.ui_workers(args, has_gpu=not on_cpu())
-    if workers > 1:
+    caddy = caddy_binary() if workers > 1 else None
+    if workers > 1 and caddy is None:  # said before the presets' check spends seconds importing vLLM
+        print(MISSING, file=sys.stderr)
+        return 2
+    catalog = load_presets(args.presets_dir)
+    use_descriptor_limit()  # before anything starts: the workers, Caddy and the engines inherit it
+    if caddy is not None:
         from chat.supervisor import supervise
 
-        return supervise(args, catalog, workers)
+        return supervise(args, catalog, workers, caddy)
     from chat.server import serve
 
     return serve(args, catalog)

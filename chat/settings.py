@@ -88,7 +88,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allow_untested_vllm", ("CHAT_ALLOW_UNTESTED_VLLM",), False,
             "Start on a vLLM this app has not run on (chat/engine_vllm.py lists those it has), with one warning. "
             "Off by default: such a vLLM stops the app at start with one sentence naming the tested ones.", bool),
-    Setting("list_presets", (), False, "Print the presets and exit.", bool),
+    Setting("list_presets", (), False, "Print the presets and exit (at once: engine settings are checked by --check-presets).", bool),
     Setting("check_presets", (), False,
             "Validate every preset file, print each problem, exit non-zero when any is invalid.", bool),
 )

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from chat import logs
 from chat.errors import PresetError, first_line
-from chat.front_door import MISSING, FrontDoor, caddy_binary
+from chat.front_door import FrontDoor
 from chat.presets import PresetCatalog
 
 if TYPE_CHECKING:  # imported where used: chat.control imports prometheus_client, which must see its folder first
@@ -308,14 +308,10 @@ class Supervisor:
                 process.join()
 
 
-def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int) -> int:
-    """Serve every preset with `count` UI workers behind Caddy; the exit status."""
+def supervise(args: argparse.Namespace, catalog: PresetCatalog, count: int, caddy: Path) -> int:
+    """Serve every preset with `count` UI workers behind Caddy (the binary at `caddy`); the exit status."""
     from chat.server import end_children
 
-    caddy = caddy_binary()
-    if caddy is None:
-        print(MISSING, file=sys.stderr)
-        return 2
     folder = Path(tempfile.mkdtemp(prefix="vllm-chat-"))
     os.chmod(folder, 0o700)  # only this user: the owner's socket and the engine cores' sockets
     # Before anything imports prometheus_client, in this process and the ones it starts.

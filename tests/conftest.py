@@ -523,7 +523,7 @@ def client(app_server):
     return api_client(app_server.url)
 
 
-CHROMIUM = dict(executable_path="/usr/bin/chromium",
+CHROMIUM = dict(executable_path="/usr/bin/chromium-headless-shell",  # Playwright's headless build: docs/testing.md
                 args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                       "--disable-component-update", "--disable-sync"])
 LAPTOP = {"width": 1280, "height": 900}

@@ -614,7 +614,7 @@ def forget(context: BrowserContext, pages: list[Page]) -> None:
 
 @pytest.fixture
 def page(open_page, app_server, request):
-    """A fresh page on the app, at a laptop's size; its screenshot lands in tests/output/ after the test."""
+    """A fresh page on the app, at a laptop's size; its screenshot lands in tests/output/ if the test fails."""
     yield from screenshot_after(open_page(app_server.url), request)
 
 
@@ -625,9 +625,22 @@ def real_page(open_page, real_app, request):
 
 
 def screenshot_after(page: Page, request) -> Iterator[Page]:
+    """The page, and its screenshot in tests/output/ if the test failed (what it showed then)."""
     yield page
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
+    if request.node.stash.get(FAILED, False):
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / f"{request.node.name}.png"), full_page=True)
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
 
 
 def small_preset(folder: Path, name: str, *, context: int = 1024, **fields: object) -> Path:

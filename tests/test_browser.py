@@ -47,13 +47,17 @@ def send(page, text: str, max_tokens: int | None = None) -> None:
     """Type `text` and send it; with `max_tokens`, first set the reply's cap in the settings (in view
     at a laptop's width) as a person would."""
     if max_tokens is not None:
-        knob = page.locator(MAX_TOKENS)
-        knob.fill(str(max_tokens))
-        knob.press("Tab")
-        page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{max_tokens}'")
+        set_max_tokens(page, max_tokens)
     box = page.locator("#message textarea")
     box.fill(text)
     box.press("Enter")
+
+
+def set_max_tokens(page, max_tokens: int) -> None:
+    knob = page.locator(MAX_TOKENS)
+    knob.fill(str(max_tokens))
+    knob.press("Tab")
+    page.wait_for_function(f"document.querySelector({MAX_TOKENS!r}).value === '{max_tokens}'")
 
 
 def watch_reply(page, until: str, within_s: float = 90) -> tuple[list[str], str]:
@@ -199,8 +203,9 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
     """Retry runs Gradio's own events, which leave the message box open: a message sent while the
     retry's reply was written wrote a second reply into the chat at the same time and left the
     first one unfinished. The page holds the box, and hides the buttons, while a reply is written."""
-    send(page, "Tell me a long story.", max_tokens=600)  # the stand-in writes it to Max tokens: ~9 s
+    send(page, "Tell me a long story.", max_tokens=SHORT)  # the stand-in writes it to Max tokens
     watch_reply(page, REPLIED)
+    set_max_tokens(page, 600)  # the retry's reply: ~9 s
     page.get_by_role("button", name="Retry").last.click()
     page.wait_for_function(f"document.querySelector({PENDING!r}) !== null")
     busy, shut, arrow, buttons = page.evaluate(f"""() => [document.querySelector({PENDING!r}) !== null,

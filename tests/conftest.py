@@ -317,6 +317,14 @@ def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def without_vllm(folder: Path) -> dict[str, str]:
+    """An environment for a process in which `import vllm` fails (a package of that name under
+    `folder`, first on the path, that refuses): what must not need vLLM shows it does not."""
+    (package := folder / "no-vllm" / "vllm").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('this command must not import vLLM')\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))}
+
+
 @functools.cache
 def ran_app(*args: str) -> subprocess.CompletedProcess:
     """What `python app.py ARGS` printed and returned; each distinct command runs once a session (it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 from chat.errors import PresetError
 from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
 from chat.sampling import SamplingRules
-from tests.conftest import ran_app
+from tests.conftest import ROOT, ran_app, without_vllm
 
 USES_VLLM = True  # engine settings are checked against vLLM's AsyncEngineArgs (tests/conftest.py: the engine tier)
 
@@ -200,10 +202,12 @@ def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
 
 
 @pytest.mark.app  # runs app.py
-def test_list_presets_names_each_with_its_file(tmp_path):
-    write(tmp_path, "tiny.yaml", GOOD)
-    result = ran_app("--list-presets", "--presets-dir", str(tmp_path))
-    assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout
+def test_list_presets_names_each_with_its_file_at_once_without_vllm(tmp_path):
+    (presets := tmp_path / "presets").mkdir()
+    write(presets, "tiny.yaml", GOOD)
+    result = subprocess.run([sys.executable, "app.py", "--list-presets", "--presets-dir", str(presets)], cwd=ROOT,
+                            env=without_vllm(tmp_path), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout, result.stdout + result.stderr
 
 
 HOSTILE = [

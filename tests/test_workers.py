@@ -42,6 +42,7 @@ from tests.conftest import (
     start_in_folder,
     still_running,
     stop_app,
+    without_vllm,
 )
 from tests.pages import wait_drawn
 from tests.test_browser import send, watch_reply
@@ -346,8 +347,8 @@ def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
 def test_without_caddy_the_app_says_what_to_run(tmp_path):
     from chat.front_door import MISSING
 
-    done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--ui-workers", "2", "--port", "1"],
-                          env={**os.environ, "CHAT_CADDY": str(tmp_path / "no-such-caddy")},
+    done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--ui-workers", "2", "--port", "1"],  # at once: no vLLM
+                          env={**without_vllm(tmp_path), "CHAT_CADDY": str(tmp_path / "no-such-caddy")},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == MISSING
     assert "Traceback" not in done.stdout + done.stderr

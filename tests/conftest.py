@@ -305,10 +305,10 @@ def start_app(name: str, *args: str, env: dict[str, str] | None = None, ready_ti
     return wait_ready(launch_app(name, *args, env=env, stand_in=stand_in), ready_timeout, engine_ready)
 
 
-def app_command(*args: str) -> subprocess.Popen:
+def app_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`python app.py ARGS` for a command that prints and exits (--check-presets, --list-presets)."""
     return subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:

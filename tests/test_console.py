@@ -46,13 +46,20 @@ def test_known_harmless_warnings_stay_off_the_console_and_the_rest_reach_it():
 
 @pytest.fixture
 def restore_loggers(monkeypatch):
-    """`configure` changes the process's loggers and environment: put them back."""
-    for name in (logs.VERBOSE_ENV, "TORCH_CPP_LOG_LEVEL"):
-        monkeypatch.delenv(name, raising=False)  # restored (or removed) afterwards
+    """`configure` changes the process's loggers and environment: put them back. (monkeypatch undoes
+    its own changes only: a variable it deleted while absent, configure set, and it stayed set: a later
+    test's app started with CHAT_VERBOSE=1, verbose.)"""
+    environment = {name: os.environ.pop(name, None)
+                   for name in (logs.VERBOSE_ENV, "TORCH_CPP_LOG_LEVEL", "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH")}
     root = logging.getLogger()
     levels = {name: logging.getLogger(name).level for name in (*logs.CHATTY, "vllm", "chat", "")}
     handlers = list(root.handlers)
     yield
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
     root.handlers[:] = handlers

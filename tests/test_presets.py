@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 from chat.errors import PresetError
 from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
 from chat.sampling import SamplingRules
-from tests.conftest import ROOT, ran_app, without_vllm
+from tests.conftest import app_command, finished, ran_app, without_vllm
 
 USES_VLLM = True  # engine settings are checked against vLLM's AsyncEngineArgs (tests/conftest.py: the engine tier)
 
@@ -205,8 +203,7 @@ def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
 def test_list_presets_names_each_with_its_file_at_once_without_vllm(tmp_path):
     (presets := tmp_path / "presets").mkdir()
     write(presets, "tiny.yaml", GOOD)
-    result = subprocess.run([sys.executable, "app.py", "--list-presets", "--presets-dir", str(presets)], cwd=ROOT,
-                            env=without_vllm(tmp_path), capture_output=True, text=True, timeout=120)
+    result = finished(app_command("--list-presets", "--presets-dir", str(presets), env=without_vllm(tmp_path)))
     assert result.returncode == 0 and "Tiny  [tiny]  cpu  embedded" in result.stdout, result.stdout + result.stderr
 
 

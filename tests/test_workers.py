@@ -13,8 +13,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -33,9 +31,10 @@ from chat.stats import REPLIED, SUMMARY
 from tests.conftest import (
     OUTPUT,
     PROBLEM_LINE,
-    ROOT,
     RunningApp,
     api_client,
+    app_command,
+    finished,
     launch_app,
     replies_started,
     small_preset,
@@ -347,8 +346,7 @@ def test_a_killed_app_takes_every_process_it_started_with_it(workers_app):
 def test_without_caddy_the_app_says_what_to_run(tmp_path):
     from chat.front_door import MISSING
 
-    done = subprocess.run([sys.executable, str(ROOT / "app.py"), "--ui-workers", "2", "--port", "1"],  # at once: no vLLM
-                          env={**without_vllm(tmp_path), "CHAT_CADDY": str(tmp_path / "no-such-caddy")},
-                          capture_output=True, text=True, timeout=120)
+    done = finished(app_command("--ui-workers", "2", "--port", "1",  # at once: no vLLM
+                                env={**without_vllm(tmp_path), "CHAT_CADDY": str(tmp_path / "no-such-caddy")}))
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == MISSING
     assert "Traceback" not in done.stdout + done.stderr

@@ -316,7 +316,7 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
         sessions_of_open_pages,
         warm_event_path,
     )
-    from chat.ui.page_shell import PageShell, shell_of
+    from chat.ui.page_shell import STATUS_TIMERS, PageShell, shell_of
     from chat.ui.style import THEME
     from chat.voters import VoterCookie
     from chat.web import routes
@@ -350,8 +350,8 @@ def launch(app: App, args: argparse.Namespace, worker: Worker | None, shutdown: 
                   Middleware(PlainGradioErrors)]
     if app.login is not None:
         middleware.append(Middleware(LoginLimit, failures=app.login.failures))
-    else:  # behind a login the page is a login form, not the chat whose title the shell shows
-        middleware.append(Middleware(PageShell, shell=shell_of(app.default)))
+    # Behind a login the page is a login form, not the chat whose title the shell shows.
+    middleware.append(Middleware(PageShell, shell=STATUS_TIMERS + ("" if app.login else shell_of(app.default))))
     shutdown.install(ctrl_c=worker is None)  # a worker ignores Ctrl-C: its supervisor stops it
     atexit.register(end_children)
     if worker is not None:

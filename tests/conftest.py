@@ -569,8 +569,8 @@ def browser(cached_context: BrowserContext) -> Browser:
 
 @pytest.fixture
 def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
-    """`open_page(url, width=, height=, touch=, mobile=, reduced_motion=, color_scheme=)`: a page on
-    `url`, drawn (`wait_drawn`), in the shared context; a touch screen or a phone's mobile viewport
+    """`open_page(url, width=, height=, touch=, mobile=, reduced_motion=, color_scheme=, init_script=)`:
+    a page on `url` (`init_script` runs before the page's own scripts), drawn (`wait_drawn`), in the shared context; a touch screen or a phone's mobile viewport
     (context settings) gets a context of its own. When the test ends its pages close and the shared
     context forgets their sites' cookies and storage, as a context of its own would: only the cache
     stays."""
@@ -578,7 +578,8 @@ def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
     own: list[BrowserContext] = []
 
     def open_page(url: str, *, width: int = LAPTOP["width"], height: int = LAPTOP["height"], touch: bool = False,
-                  mobile: bool = False, reduced_motion: str | None = None, color_scheme: str | None = None) -> Page:
+                  mobile: bool = False, reduced_motion: str | None = None, color_scheme: str | None = None,
+                  init_script: str | None = None) -> Page:
         if touch or mobile:
             assert cached_context.browser is not None
             own.append(cached_context.browser.new_context(viewport={"width": width, "height": height},
@@ -590,6 +591,8 @@ def open_page(cached_context: BrowserContext) -> Iterator[Callable[..., Page]]:
             page.set_viewport_size({"width": width, "height": height})
         if reduced_motion or color_scheme:
             page.emulate_media(reduced_motion=reduced_motion, color_scheme=color_scheme)
+        if init_script:
+            page.add_init_script(init_script)
         page.set_default_timeout(30_000)
         page.goto(url)
         wait_drawn(page)

@@ -108,6 +108,24 @@ def test_the_engine_line_beneath_the_chat_says_how_the_engine_is(page):
     assert "KV cache" in page.locator("#engine-status").inner_text()
 
 
+# Before the page's scripts: when the page last asked the browser for an animation frame.
+FRAMES_ASKED = """window.frameAskedAt = 0;
+(() => {
+  const request = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (callback) => { window.frameAskedAt = performance.now(); return request(callback); };
+})();"""
+
+
+def test_a_page_left_alone_after_a_reply_asks_for_no_frames(open_page, app_server):
+    """An open page nobody uses draws nothing: Gradio's page-loading indicator left a timer asking for
+    every frame (60 a second) for the page's life, ~0.1 s of CPU a second (chat/ui/status_timers.js)."""
+    page = open_page(app_server.url, init_script=FRAMES_ASKED)
+    send(page, "Hello there.", max_tokens=SHORT)
+    watch_reply(page, REPLIED)
+    # Polled on a timer: Playwright's default polling asks for frames itself.
+    page.wait_for_function("performance.now() - window.frameAskedAt > 2000", polling=100, timeout=20_000)
+
+
 def test_stop_ends_the_reply_as_stopped_by_you_and_frees_the_engine(real_page, real_app):
     send(real_page, "Tell me a very long story about a dragon who learns to bake bread.")
     deadline = time.monotonic() + 60

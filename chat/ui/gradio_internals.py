@@ -104,7 +104,9 @@ name below still has the shape used, and fails naming it and the Gradio version.
    `*values` and name them in `__signature__` (`with_parameters`).
 
 10. The page's CSS and scripts select Gradio's markup where they mend or lay it out (Gradio documents
-    `elem_id` and `elem_classes` only): `MARKUP` names each class, attribute and id they rely on.
+    `elem_id` and `elem_classes` only): `MARKUP` names each class, attribute and id they rely on, and
+    the name of the script whose frames chat/ui/status_timers.js lets run only while Gradio's
+    progress indicator shows (its page-loading indicator's timer otherwise ran for the page's life).
 
 Not a reach-in, as it uses no Gradio name: Gradio runs every event inside
 `utils.MatplotlibBackendMananger` (`route_utils.call_process_api`), which imports matplotlib where it
@@ -206,6 +208,9 @@ MARKUP = (
     Markup("#engine-status .md p", r"`md svelte-", "chat/ui/engine_line.js"),
     Markup("#preset input", r'<input[^>]*role="combobox"', "chat/ui/engine_line.js"),
     Markup("gradio-app .toast-wrap", r"toast-wrap", "chat/ui/page_shell.py"),
+    Markup("statustracker-", r"\bstatustracker-[\w-]+\.js\b", "chat/ui/status_timers.js"),
+    Markup(".wrap:is(.default, .center):not(.hide)", r"`wrap \$\{[^`]*``\} \$\{[^`]*``\}`.{0,80}?\bhide:",
+           "chat/ui/status_timers.js"),
 )
 
 

@@ -7,12 +7,15 @@ the Chat tab's title in its HTML, drawn where Gradio will draw it and in the sam
 visitor reads what the page is at once; it goes away the moment Gradio draws its own (the CSS below,
 no script). It takes no room in the layout (absolutely placed), so nothing moves when it goes.
 
-Not for a page behind a login: Gradio draws a login form there, not the title.
+Not for a page behind a login: Gradio draws a login form there, not the title. Every page, that one
+too, carries `STATUS_TIMERS` (chat/ui/status_timers.js), which must run before Gradio's scripts: it
+ends the loop that Gradio's page-loading indicator leaves running for the page's life.
 """
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +39,9 @@ STYLE = """
 /* Gone once Gradio has drawn its page (its toasts' holder comes with it, on every tab). */
 body:has(#title, gradio-app .toast-wrap) #page-shell { display: none; }
 """
+
+
+STATUS_TIMERS = f"<script>{Path(__file__).with_name('status_timers.js').read_text(encoding='utf-8')}</script>"
 
 
 def shell_of(preset: Preset) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from chat import logs
 from tests.conftest import app_command, finished, ran_app
+from tests.test_presets import GOOD, MANY_MISTAKES, error_of, write
 
 VLLM_INFO = re.compile(r"\) INFO \d\d-\d\d |\bINFO vllm\b")  # vLLM's own format, or vLLM through the app's
 
@@ -100,15 +101,30 @@ def test_the_ready_line_is_one_sentence_with_the_address():
 
 
 @pytest.mark.app
-def test_verbose_brings_vllms_info_lines_back():
-    def vllm_info_lines(result: subprocess.CompletedProcess) -> list[str]:
-        assert result.returncode == 0, result.stdout + result.stderr
-        return [line for line in (result.stdout + result.stderr).splitlines() if VLLM_INFO.search(line)]
-
-    verbose = app_command("--check-presets", "--verbose")  # meanwhile, on the other core
-    quiet = ran_app("--check-presets")  # the bundled presets pass
+def test_check_presets_prints_every_problem_and_vllms_info_lines_only_when_verbose(tmp_path):
+    """`app.py --check-presets`, one run each way (each imports vLLM, ~13 s of CPU on a 2-core EPYC):
+    quiet on the bundled presets, which pass with no line of vLLM's; verbose on three files, two with
+    problems, each problem printed with its file and line and the run failed, and vLLM's INFO lines back."""
+    write(tmp_path, "good.yaml", GOOD)
+    write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
+    write(tmp_path, "many.yaml", MANY_MISTAKES)
+    verbose = app_command("--check-presets", "--verbose", "--presets-dir", str(tmp_path))  # meanwhile, on the other core
+    quiet = ran_app("--check-presets")
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     assert vllm_info_lines(quiet) == [] and "0 invalid" in quiet.stdout
-    assert vllm_info_lines(finished(verbose))
+
+    result = finished(verbose)
+    assert result.returncode == 1, result.stdout + result.stderr
+    printed = result.stdout.splitlines()
+    assert f"{tmp_path}/qwen.yaml, line 5: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in printed
+    many = [line for line in printed if line.startswith(f"{tmp_path}/many.yaml, line ")]
+    assert len(many) == 9 and many == error_of(tmp_path / "many.yaml").replace("many.yaml", f"{tmp_path}/many.yaml").splitlines()
+    assert "1 valid, 2 invalid preset file(s)." in printed
+    assert vllm_info_lines(result)
+
+
+def vllm_info_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if VLLM_INFO.search(line)]
 
 
 def test_the_console_ends_the_engine_start_with_the_address_to_open(real_app):

@@ -10,7 +10,7 @@ import pytest
 from chat.errors import PresetError
 from chat.presets import DEFAULT_PRESETS_DIR, load_preset, load_presets
 from chat.sampling import SamplingRules
-from tests.conftest import app_command, finished, ran_app, without_vllm
+from tests.conftest import app_command, finished, without_vllm
 
 USES_VLLM = True  # engine settings are checked against vLLM's AsyncEngineArgs (tests/conftest.py: the engine tier)
 
@@ -185,18 +185,8 @@ def test_gpu_presets_are_unusable_without_a_gpu_and_say_why():
     assert reasons["Qwen2.5 7B (1 GPU, low latency)"] == "Qwen2.5 7B (1 GPU, low latency) needs an NVIDIA GPU; this machine has none."
 
 
-@pytest.mark.app  # runs app.py (on the bundled presets it passes: tests/test_console.py runs it so)
-def test_check_presets_prints_every_problem_of_every_file_and_fails(tmp_path):
-    write(tmp_path, "good.yaml", GOOD)
-    write(tmp_path, "qwen.yaml", GOOD.replace("Tiny", "Other").replace("max_model_len: 1024", "max_num_seq: 8"))
-    write(tmp_path, "many.yaml", MANY_MISTAKES)
-    result = ran_app("--check-presets", "--presets-dir", str(tmp_path))
-    assert result.returncode == 1
-    printed = result.stdout.splitlines()
-    assert f"{tmp_path}/qwen.yaml, line 5: unknown engine key 'max_num_seq' - did you mean 'max_num_seqs'?" in printed
-    many = [line for line in printed if line.startswith(f"{tmp_path}/many.yaml, line ")]
-    assert len(many) == 9 and many == error_of(tmp_path / "many.yaml").replace("many.yaml", f"{tmp_path}/many.yaml").splitlines()
-    assert "1 valid, 2 invalid preset file(s)." in printed
+# `app.py --check-presets` on files with problems, and on the bundled presets: tests/test_console.py
+# (one run each way: each imports vLLM).
 
 
 @pytest.mark.app  # runs app.py

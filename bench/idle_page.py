@@ -15,21 +15,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-import psutil
 from playwright.sync_api import sync_playwright
 
+from bench.page_cpu import machine_cpu_s
 from chat.stats import REPLIED
 from tests.conftest import CHROMIUM, LAPTOP
 from tests.pages import wait_drawn
 from tests.test_browser import FRAMES_ASKED, SHORT, send, watch_reply
-
-COUNT_FRAMES = FRAMES_ASKED.replace("window.frameAskedAt = performance.now();",
-                                    "window.frameAskedAt = performance.now(); window.framesAsked++;")
-
-
-def machine_cpu_s() -> float:
-    times = psutil.cpu_times()
-    return times.user + times.system + times.nice
 
 
 def one_page(url: str, settle_s: float, idle_s: float) -> tuple[float, int]:
@@ -37,7 +29,7 @@ def one_page(url: str, settle_s: float, idle_s: float) -> tuple[float, int]:
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         context = playwright.chromium.launch_persistent_context(profile, viewport=LAPTOP, **CHROMIUM)
         page = context.new_page()
-        page.add_init_script("window.framesAsked = 0;\n" + COUNT_FRAMES)
+        page.add_init_script(FRAMES_ASKED)
         page.goto(url)
         wait_drawn(page)
         send(page, "Hello there.", max_tokens=SHORT)

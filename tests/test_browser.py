@@ -108,11 +108,17 @@ def test_the_engine_line_beneath_the_chat_says_how_the_engine_is(page):
     assert "KV cache" in page.locator("#engine-status").inner_text()
 
 
-# Before the page's scripts: when the page last asked the browser for an animation frame.
-FRAMES_ASKED = """window.frameAskedAt = 0;
+# Before the page's scripts: how many animation frames the page has asked for, and when it last did
+# (bench/idle_page.py counts them the same way).
+FRAMES_ASKED = """window.framesAsked = 0;
+window.frameAskedAt = 0;
 (() => {
   const request = window.requestAnimationFrame.bind(window);
-  window.requestAnimationFrame = (callback) => { window.frameAskedAt = performance.now(); return request(callback); };
+  window.requestAnimationFrame = (callback) => {
+    window.framesAsked++;
+    window.frameAskedAt = performance.now();
+    return request(callback);
+  };
 })();"""
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from chat.errors import EngineBusy
 from chat.stats import Finish
+from chat.ui.page_shell import STATUS_TIMERS
 from tests.conftest import PROBLEM_LINE, USER, api_client, get_json, running, start_app, still_running
 from tests.test_stream import engine_idle, reply_to
 
@@ -112,7 +113,12 @@ def test_a_login_protects_the_ui_the_api_and_the_metrics(protected_app):
     with browser.open(url + "metrics", timeout=10) as response:
         assert response.status == 200 and b"chat_" in response.read()
     with urllib.request.urlopen(url, timeout=10) as page:  # a login form: no title of the chat behind it
-        assert b'id="page-shell"' not in page.read()
+        form_page = page.read()
+    with browser.open(url, timeout=10) as page:  # signed in: the chat
+        chat_page = page.read()
+    assert b'id="page-shell"' not in form_page
+    # Both end the loop Gradio's page-loading indicator leaves running (chat/ui/status_timers.js).
+    assert STATUS_TIMERS.encode() + b"<gradio-app" in form_page and STATUS_TIMERS.encode() + b"<gradio-app" in chat_page
     with pytest.raises(Exception, match="(?i)log ?in|auth|401|403"):
         api_client(url)
     with pytest.raises(Exception, match="403|rejected|InvalidStatus"):

@@ -105,6 +105,8 @@ def test_a_visitor_in_a_page_gets_twenty_votes_an_hour(browser, front_door_app):
         page = context.new_page()
         page.set_default_timeout(60_000)
         page.goto(stranger_url(front_door_app))
+        # A worker's page ends the loop of Gradio's page-loading indicator as one app's does (chat/ui/status_timers.js).
+        assert page.evaluate("window.requestAnimationFrame.name") == "askForFrame"
         page.get_by_role("tab", name="Compare").click()
         page.locator("#compare-prompt textarea").wait_for()
         page.locator("#compare-heading-1").wait_for(state="visible")  # both presets picked, as the tab starts

@@ -34,14 +34,15 @@ class Recorder:
         pass
 
 
-@pytest.fixture
-async def llm(tmp_path):
+@pytest.fixture(scope="module")
+async def llm(tmp_path_factory):
+    """One AsyncLLM on the token source for the module's tests (each start is ~1 s of CPU more)."""
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from chat.embedded import model_dir
 
-    log_path = tmp_path / "source.jsonl"
+    log_path = tmp_path_factory.mktemp("token_source") / "source.jsonl"
     sources = install(step_s=STEP_S, log_path=log_path, replies=REPLIES)
     try:
         # No Prometheus logger: it would replace the vllm:* metrics of the tests' real engine.
@@ -95,6 +96,7 @@ async def test_a_scripted_reply_is_written_whole_then_ends_by_itself(llm):
 async def test_replies_stream_as_request_outputs_one_token_per_step(llm):
     from vllm.outputs import CompletionOutput, RequestOutput
 
+    Recorder.steps.clear()
     outputs = [out async for out in llm.generate(await prompt(llm), params(12), "r-1")]
     assert all(isinstance(out, RequestOutput) and isinstance(out.outputs[0], CompletionOutput) for out in outputs)
     assert sum(len(out.outputs[0].token_ids) for out in outputs) == 12

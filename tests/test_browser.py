@@ -229,7 +229,7 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
     first one unfinished. The page holds the box, and hides the buttons, while a reply is written."""
     send(page, "Tell me a long story.", max_tokens=SHORT)  # the stand-in writes it to Max tokens
     watch_reply(page, REPLIED)
-    set_max_tokens(page, 600)  # the retry's reply: ~9 s
+    set_max_tokens(page, 300)  # the retry's reply: ~4.5 s
     page.get_by_role("button", name="Retry").last.click()
     page.wait_for_function(f"document.querySelector({PENDING!r}) !== null")
     busy, shut, arrow, buttons = page.evaluate(f"""() => [document.querySelector({PENDING!r}) !== null,
@@ -238,11 +238,13 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
         [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
     # The send arrow sends whatever the box holds, shut or not: it goes with the box.
     assert busy and shut and arrow == "hidden" and buttons and set(buttons) <= {"hidden"}, (busy, shut, arrow, buttons)
-    send(page, "Name one fruit.")  # typed at once: it goes in once the retry's reply is written
+    # Typed at once: it goes in once the retry's reply is written. (A single word: the stand-in answers
+    # the latest cue of the conversation, which would otherwise be the story's, to Max tokens again.)
+    send(page, "Name one fruit, in a single word.")
     watch_second_reply(page)
     assert REPLIED in titles(page)[0], titles(page)
     users = page.locator("#chatbot .user-row").all_inner_texts()
-    assert [u.strip() for u in users] == ["Tell me a long story.", "Name one fruit."], users
+    assert [u.strip() for u in users] == ["Tell me a long story.", "Name one fruit, in a single word."], users
 
 
 def test_a_reply_line_left_busy_by_a_broken_turn_holds_the_box_only_a_while(page):

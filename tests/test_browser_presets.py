@@ -20,8 +20,8 @@ pytestmark = pytest.mark.browser
 
 def launch_two_engine_app(folder: Path) -> RunningApp:
     # On the stand-in engine (the subject is the page's switch; an unload on the real engine is
-    # tests/test_workers.py's): 10 tokens a second, so the 200-token story streams for 20 s while the
-    # other page switches, and an engine start of 5 s that the switching page shows.
+    # tests/test_workers.py's): 25 tokens a second, so the 200-token story streams for 8 s while the
+    # other page switches (~3 s on a busy machine), and an engine start of 3 s that the switching page shows.
     small_preset(folder, "Storyteller", context=1024, description="Long, creative replies.",
                  system_prompt="You tell long stories.", examples=["Tell me a story about a lighthouse."],
                  sampling={"temperature": 0.9, "max_tokens": {"default": 200, "max": 512}})
@@ -29,7 +29,7 @@ def launch_two_engine_app(folder: Path) -> RunningApp:
                  system_prompt="Answer in one short sentence.", examples=["What is 2 + 2?"],
                  sampling={"temperature": 0.0, "max_tokens": {"default": 24, "max": 512}})
     return launch_app("presets", "--presets-dir", str(folder), "--preset", "storyteller", stand_in=True,
-                      env={"STAND_IN_STEP_MS": "100", "STAND_IN_START_S": "5"})
+                      env={"STAND_IN_STEP_MS": "40", "STAND_IN_START_S": "3"})
 
 
 @pytest.fixture(scope="module")

@@ -119,10 +119,14 @@ class ReplyLog:
         shown: ReplyEvent | None = None
         while True:
             grew = self._grew
+            # Whether it had ended before the look: a reply that ends while its reader holds the event
+            # yielded here (a Gradio turn sending a redraw) gets its last event drawn too. Asked after
+            # the yield, a one-word reply that ended meanwhile left the turn on its first "Writing…".
+            ended = not self.running
             if self.latest is not shown and self.latest is not None:
                 shown = self.latest
                 yield shown
-            if not self.running:
+            if ended:
                 return
             await grew.wait()
 

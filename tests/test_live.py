@@ -72,6 +72,22 @@ async def test_a_log_is_followed_from_where_a_resuming_client_left_off_until_it_
 
 
 @pytest.mark.unit
+async def test_a_reply_that_ends_while_its_reader_holds_an_event_is_drawn_to_its_last_event():
+    """A Gradio turn holds each event it is given while it sends the redraw: a one-word reply ended
+    in that time, and the turn ended on its first "Writing…" line (its chat saved so), once in five
+    pages after a Retry (2026-12-08)."""
+    reply_log = ReplyLog("r", VISITOR)
+    first, last = object(), object()  # `drawn` hands on whatever the pipeline's latest event is
+    reply_log.latest = first  # type: ignore[assignment]
+    drawn = reply_log.drawn()
+    assert await anext(drawn) is first
+    reply_log.latest = last  # type: ignore[assignment]  # meanwhile the reply writes its last word and ends
+    reply_log.add("done", finish="finished")
+    reply_log.end()
+    assert [event async for event in drawn] == [last]
+
+
+@pytest.mark.unit
 async def test_an_ended_reply_kept_for_resuming_lets_its_owner_go():
     """A finished reply stays KEEP_S (for a client that resumes it), its socket need not (issue 48:
     each held the connection's objects, which every full garbage collection walked)."""

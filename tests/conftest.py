@@ -63,7 +63,7 @@ REAL_ENGINE_FIXTURES = {
 # app behind a login, the two workers behind Caddy) and one a browser test starts for itself (two
 # engines for a preset switch). Their tests in other tiers (a browser's) are marked `beside_app_tests`,
 # and scripts/test --dev runs them in the app tests' process, which starts a shared app once, not twice,
-# and ends sooner than the browsers' (by 27-72 s in four runs on the 2-core EPYC before the switch moved).
+# and would otherwise end well before the browsers' (docs/testing.md).
 BESIDE_APP_TESTS = {"protected_app", "front_door_app", "two_engine_app"}
 STOPS_FRONT_DOOR = "stops_front_door"  # the marker of the test that ends front_door_app: it runs after every other
 

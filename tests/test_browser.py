@@ -238,15 +238,14 @@ def test_the_message_box_waits_while_a_retry_is_written(page):
         [...document.querySelectorAll('#chatbot .message-buttons')].map(e => getComputedStyle(e).visibility)]""")
     # The send arrow sends whatever the box holds, shut or not: it goes with the box.
     assert busy and shut and arrow == "hidden" and buttons and set(buttons) <= {"hidden"}, (busy, shut, arrow, buttons)
-    # Typed at once: it goes in once the retry's reply is written (and, as the stand-in answers the
-    # story's cue of the conversation, is written to Max tokens too). Not a one-word reply: in a fresh
-    # CI run (2026-12-07) one such, sent the moment the box opened, stayed "Writing… 1 token" for 90 s
-    # on the page, a race not yet found (issue 46's note).
-    send(page, "Name one fruit.")
+    # Typed at once: it goes in once the retry's reply is written. A one-word reply (without "single
+    # word" the stand-in would answer the story's cue again, to Max tokens): one that ended while its
+    # turn sent its first redraw stayed "Writing… 1 token" (chat/live.py `ReplyLog.drawn`).
+    send(page, "Name one fruit, in a single word.")
     watch_second_reply(page)
     assert REPLIED in titles(page)[0], titles(page)
     users = page.locator("#chatbot .user-row").all_inner_texts()
-    assert [u.strip() for u in users] == ["Tell me a long story.", "Name one fruit."], users
+    assert [u.strip() for u in users] == ["Tell me a long story.", "Name one fruit, in a single word."], users
 
 
 def test_a_reply_line_left_busy_by_a_broken_turn_holds_the_box_only_a_while(page):

@@ -228,13 +228,18 @@ def leaderboard_tab(standings: Standings, admins: Admins, demo: gr.Blocks, page:
     return LeaderboardTab(standings, admins, demo, page)
 
 
+async def leaderboard_data(standings: Standings, include_revealed: bool = False) -> dict[str, Any]:
+    """What `/leaderboard` answers."""
+    view = await standings.view(bool(include_revealed))
+    return {**view.board.as_dict(), "votes_stored": view.votes}
+
+
 def leaderboard_api(standings: Standings) -> None:
     """`/leaderboard` for programs (with the page, not with the tab: chat/ui/lazy.py)."""
 
     async def leaderboard(include_revealed: bool = False) -> dict[str, Any]:
         """The leaderboard as data: standings best first (rating, 95% interval, votes, win rate,
         median first token and tokens/s), votes counted and left out, and the method."""
-        view = await standings.view(bool(include_revealed))
-        return {**view.board.as_dict(), "votes_stored": view.votes}
+        return await leaderboard_data(standings, include_revealed)
 
     gr.api(leaderboard, api_name="leaderboard", concurrency_limit=None)
